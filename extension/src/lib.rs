@@ -1,0 +1,35 @@
+//! pg_lease: fenced leases on queue rows and named leases, inside PostgreSQL.
+//!
+//! The SQL surface lives in `sql/` at the top of the repository, one file per
+//! concept, and is pulled into the extension script here in dependency order.
+//! Rust adds what SQL cannot: for now only the module itself; background
+//! workers (reapers) come with their own module.
+
+::pgrx::pg_module_magic!();
+
+pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../../sql/check.sql", name = "check", requires = ["schema"]);
+pgrx::extension_sql_file!("../../sql/queue.sql", name = "queue", requires = ["check"]);
+pgrx::extension_sql_file!("../../sql/claim.sql", name = "claim", requires = ["check"]);
+pgrx::extension_sql_file!("../../sql/lease.sql", name = "lease", requires = ["check"]);
+pgrx::extension_sql_file!("../../sql/fence.sql", name = "fence", requires = ["check"]);
+pgrx::extension_sql_file!("../../sql/named.sql", name = "named", requires = ["check"]);
+pgrx::extension_sql_file!("../../sql/reap.sql", name = "reap", requires = ["check"]);
+pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
+pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+/// Hooks that `cargo pgrx test` looks for at the crate root.
+#[cfg(test)]
+pub mod pg_test {
+    /// One-off set-up before the test cluster runs; nothing needed.
+    pub fn setup(_options: Vec<&str>) {}
+
+    /// Extra `postgresql.conf` lines for the test cluster; none needed.
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

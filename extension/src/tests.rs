@@ -1,0 +1,895 @@
+//! `#[pg_test]`s: the semantics and the error cases of every SQL function.
+//! Each test runs inside one transaction that is rolled back afterwards, so
+//! the tests drive the database clock forward with `pg_sleep` and never see
+//! the background workers.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// Runs statements, failing the test on any error.
+    fn run(sql: &str) {
+        Spi::run(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Evaluates a boolean SQL expression (a whole SELECT).
+    fn check(sql: &str) -> bool {
+        Spi::get_one::<bool>(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_else(|| panic!("{sql}: NULL"))
+    }
+
+    fn int(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_else(|| panic!("{sql}: NULL"))
+    }
+
+    fn text(sql: &str) -> Option<String> {
+        Spi::get_one::<String>(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// The SQLSTATE that `sql` fails with ('00000' if it succeeds). The
+    /// statement runs in a subtransaction that is rolled back either way.
+    fn sqlstate(sql: &str) -> String {
+        if !check("SELECT to_regprocedure('pg_temp.sqlstate_of(text)') IS NOT NULL") {
+            run("CREATE FUNCTION pg_temp.sqlstate_of(q text) RETURNS text
+                 LANGUAGE plpgsql AS $$
+                 BEGIN EXECUTE q; RETURN '00000';
+                 EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$");
+        }
+        let quoted = sql.replace('\'', "''");
+        text(&format!("SELECT pg_temp.sqlstate_of('{quoted}')")).expect("a SQLSTATE")
+    }
+
+    /// Claims one row of `queue` for `owner` and returns `(id, epoch)`.
+    fn claim_one(owner: &str, ttl: &str, queue: &str) -> (i64, i64) {
+        let row = Spi::get_two::<i64, i64>(&format!(
+            "SELECT id, epoch FROM lease.claim_pending(1, '{ttl}', '{owner}', '{queue}')"
+        ))
+        .expect("claim");
+        (row.0.expect("a claimed row"), row.1.expect("an epoch"))
+    }
+
+    // ---- queues -------------------------------------------------------------
+
+    #[pg_test]
+    fn default_queue_exists_and_create_queue_reconfigures() {
+        assert_eq!(
+            int("SELECT count(*) FROM lease.queue WHERE name = 'default'"),
+            1
+        );
+        run("SELECT lease.create_queue('q', max_attempts => 3, retention => '1 hour')");
+        run("SELECT lease.create_queue('q', max_attempts => 5)");
+        assert!(check(
+            "SELECT max_attempts = 5 AND retention = '0' FROM lease.queue WHERE name = 'q'"
+        ));
+    }
+
+    #[pg_test]
+    fn create_queue_rejects_bad_options() {
+        assert_eq!(sqlstate("SELECT lease.create_queue(NULL)"), "22004");
+        assert_eq!(sqlstate("SELECT lease.create_queue('')"), "22023");
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.create_queue('{}')", "x".repeat(129))),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.create_queue('q', max_attempts => 0)"),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.create_queue('q', backoff_base => '1 hour', backoff_max => '1 second')"),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.create_queue('q', retention => '-1 second')"),
+            "22023"
+        );
+        assert_eq!(int("SELECT count(*) FROM lease.queue WHERE name = 'q'"), 0);
+    }
+
+    #[pg_test]
+    fn drop_queue_refuses_unfinished_work_unless_forced() {
+        run("SELECT lease.create_queue('q')");
+        run("SELECT lease.enqueue('q', '{}')");
+        assert_eq!(sqlstate("SELECT lease.drop_queue('q')"), "55006");
+        assert_eq!(int("SELECT count(*) FROM lease.job WHERE queue = 'q'"), 1);
+        assert_eq!(int("SELECT lease.drop_queue('q', force => true)"), 1);
+        assert_eq!(int("SELECT count(*) FROM lease.queue WHERE name = 'q'"), 0);
+        assert_eq!(sqlstate("SELECT lease.drop_queue('q')"), "42704");
+        assert_eq!(sqlstate("SELECT lease.drop_queue(NULL)"), "22004");
+    }
+
+    // ---- enqueue ------------------------------------------------------------
+
+    #[pg_test]
+    fn enqueue_is_idempotent_on_queue_and_key() {
+        let a = int("SELECT lease.enqueue('default', '{\"n\": 1}', key => 'k')");
+        let b = int("SELECT lease.enqueue('default', '{\"n\": 2}', key => 'k')");
+        assert_eq!(a, b);
+        assert!(check(&format!(
+            "SELECT payload = '{{\"n\": 1}}' FROM lease.job WHERE id = {a}"
+        )));
+        let c = int("SELECT lease.enqueue('default', '{\"n\": 3}')");
+        assert_ne!(a, c);
+        assert!(check(&format!(
+            "SELECT state = 'pending' AND next_at <= clock_timestamp() AND attempt = 0 AND epoch = 0
+               FROM lease.job WHERE id = {c}"
+        )));
+    }
+
+    #[pg_test]
+    fn enqueue_batch_returns_ids_in_input_order() {
+        let old = int("SELECT lease.enqueue('default', '{}', key => 'old')");
+        run("CREATE TEMP TABLE got AS
+             SELECT id, ord FROM lease.enqueue_batch('default',
+                 ARRAY['{\"i\":1}', '{\"i\":2}', '{\"i\":3}', '{\"i\":4}']::jsonb[],
+                 ARRAY[NULL, 'old', 'x', 'x']) WITH ORDINALITY AS g(id, ord)");
+        assert_eq!(int("SELECT count(*) FROM got"), 4);
+        assert_eq!(int("SELECT id FROM got WHERE ord = 2"), old);
+        assert!(check(
+            "SELECT (SELECT id FROM got WHERE ord = 3) = (SELECT id FROM got WHERE ord = 4)"
+        ));
+        assert!(check(
+            "SELECT payload = '{\"i\":1}' FROM lease.job WHERE id = (SELECT id FROM got WHERE ord = 1)"
+        ));
+        assert!(check(
+            "SELECT payload = '{\"i\":3}' FROM lease.job WHERE id = (SELECT id FROM got WHERE ord = 3)"
+        ));
+        // Old row + two new rows: the duplicate key inserted nothing.
+        assert_eq!(int("SELECT count(*) FROM lease.job"), 3);
+    }
+
+    #[pg_test]
+    fn enqueue_rejects_bad_input_without_side_effects() {
+        assert_eq!(sqlstate("SELECT lease.enqueue('nope', '{}')"), "42704");
+        assert_eq!(sqlstate("SELECT lease.enqueue(NULL, '{}')"), "22004");
+        assert_eq!(sqlstate("SELECT lease.enqueue('default', NULL)"), "22004");
+        assert_eq!(
+            sqlstate("SELECT lease.enqueue('default', '{oops')"),
+            "22P02"
+        );
+        assert_eq!(
+            sqlstate(
+                "SELECT lease.enqueue_batch('default', ARRAY['{}','{}']::jsonb[], ARRAY['a'])"
+            ),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.enqueue_batch('default', ARRAY['{}', NULL]::jsonb[])"),
+            "22004"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.enqueue_batch('nope', ARRAY['{}']::jsonb[])"),
+            "42704"
+        );
+        assert_eq!(int("SELECT count(*) FROM lease.job"), 0);
+    }
+
+    // ---- claim --------------------------------------------------------------
+
+    #[pg_test]
+    fn claim_orders_by_priority_then_eligibility_then_id() {
+        let low = int("SELECT lease.enqueue('default', '{}', run_at => now() - interval '1 hour')");
+        let high = int("SELECT lease.enqueue('default', '{}', priority => 5)");
+        let older =
+            int("SELECT lease.enqueue('default', '{}', run_at => now() - interval '2 hours')");
+        run("SELECT lease.enqueue('default', '{}', run_at => now() + interval '1 hour')");
+        let got: Vec<i64> = Spi::connect(|c| {
+            c.select(
+                "SELECT id FROM lease.claim_pending(10, '1 minute', 'w') ORDER BY id",
+                None,
+                &[],
+            )
+            .expect("claim")
+            .map(|r| r.get::<i64>(1).expect("id").expect("not null"))
+            .collect()
+        });
+        let mut want = vec![low, high, older];
+        want.sort();
+        assert_eq!(got, want, "the future row is not claimable yet");
+
+        run(
+            "SELECT lease.release(id, 'w', epoch, 'abandon') FROM lease.job WHERE state = 'leased'",
+        );
+        assert_eq!(
+            int("SELECT id FROM lease.claim_pending(1, '1 minute', 'w')"),
+            high
+        );
+        assert_eq!(
+            int("SELECT id FROM lease.claim_pending(1, '1 minute', 'w')"),
+            older
+        );
+        assert_eq!(
+            int("SELECT id FROM lease.claim_pending(1, '1 minute', 'w')"),
+            low
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'w')"),
+            0
+        );
+    }
+
+    #[pg_test]
+    fn claim_leases_at_most_limit_rows_with_fresh_epochs() {
+        run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[5]))");
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(3, '30 seconds', 'a')"),
+            3
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(3, '30 seconds', 'b')"),
+            2
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(3, '30 seconds', 'c')"),
+            0
+        );
+        assert!(check(
+            "SELECT bool_and(state = 'leased' AND epoch = 1 AND attempt = 1
+                             AND lease_until > clock_timestamp() + interval '29 seconds'
+                             AND lease_until <= clock_timestamp() + interval '30 seconds')
+               FROM lease.job"
+        ));
+        assert_eq!(int("SELECT count(DISTINCT owner) FROM lease.job"), 2);
+    }
+
+    #[pg_test]
+    fn claim_rejects_bad_input() {
+        let bad = [
+            ("SELECT lease.claim_pending(0, '1 minute', 'w')", "22023"),
+            (
+                "SELECT lease.claim_pending(10001, '1 minute', 'w')",
+                "22023",
+            ),
+            ("SELECT lease.claim_pending(NULL, '1 minute', 'w')", "22004"),
+            ("SELECT lease.claim_pending(1, '0 seconds', 'w')", "22023"),
+            ("SELECT lease.claim_pending(1, '-1 second', 'w')", "22023"),
+            ("SELECT lease.claim_pending(1, '2 days', 'w')", "22023"),
+            ("SELECT lease.claim_pending(1, NULL, 'w')", "22004"),
+            ("SELECT lease.claim_pending(1, '1 minute', '')", "22023"),
+            ("SELECT lease.claim_pending(1, '1 minute', NULL)", "22004"),
+            (
+                "SELECT lease.claim_pending(1, '1 minute', 'w', NULL)",
+                "22004",
+            ),
+            (
+                "SELECT lease.claim_pending(1, '1 minute', 'w', 'nope')",
+                "42704",
+            ),
+            ("SELECT lease.claim_pending(1, 'soon', 'w')", "22007"),
+        ];
+        run("SELECT lease.enqueue('default', '{}')");
+        for (sql, state) in bad {
+            assert_eq!(sqlstate(sql), state, "{sql}");
+        }
+        let long_owner = "o".repeat(257);
+        assert_eq!(
+            sqlstate(&format!(
+                "SELECT lease.claim_pending(1, '1 minute', '{long_owner}')"
+            )),
+            "22023"
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.job WHERE state = 'pending'"),
+            1
+        );
+    }
+
+    // ---- renew --------------------------------------------------------------
+
+    #[pg_test]
+    fn renew_extends_only_the_current_lease() {
+        run("SELECT lease.enqueue('default', '{}')");
+        let (id, epoch) = claim_one("a", "1 second", "default");
+        assert!(check(&format!(
+            "SELECT held AND lease_until > clock_timestamp() + interval '50 seconds' AND NOT cancel_requested
+               FROM lease.renew({id}, 'a', {epoch}, '1 minute')"
+        )));
+        for (owner, e) in [("b", epoch), ("a", epoch + 1), ("a", epoch - 1)] {
+            assert!(check(&format!(
+                "SELECT NOT held AND lease_until IS NULL FROM lease.renew({id}, '{owner}', {e}, '1 hour')"
+            )));
+        }
+        assert!(check(&format!(
+            "SELECT lease_until < clock_timestamp() + interval '2 minutes' FROM lease.job WHERE id = {id}"
+        )));
+    }
+
+    #[pg_test]
+    fn renew_after_expiry_is_lost_even_before_reap() {
+        run("SELECT lease.enqueue('default', '{}')");
+        let (id, epoch) = claim_one("a", "50 milliseconds", "default");
+        run("SELECT pg_sleep(0.1)");
+        assert!(check(&format!(
+            "SELECT NOT held FROM lease.renew({id}, 'a', {epoch}, '1 minute')"
+        )));
+        assert!(check(&format!(
+            "SELECT lease_until < clock_timestamp() FROM lease.job WHERE id = {id}"
+        )));
+    }
+
+    #[pg_test]
+    fn renew_batch_reports_each_lease_in_order() {
+        run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[2]))");
+        let (a, ea) = claim_one("w", "1 minute", "default");
+        let (b, eb) = claim_one("w", "1 minute", "default");
+        run(&format!("SELECT lease.cancel({b})"));
+        let held: Vec<(i64, bool, bool)> = Spi::connect(|c| {
+            c.select(
+                &format!(
+                    "SELECT id, held, coalesce(cancel_requested, false)
+                       FROM lease.renew_batch(ARRAY[{b}, 999999, {a}], 'w', ARRAY[{eb}, 1, {ea}], '2 minutes')"
+                ),
+                None,
+                &[],
+            )
+            .expect("renew_batch")
+            .map(|r| {
+                (
+                    r.get::<i64>(1).expect("id").expect("id"),
+                    r.get::<bool>(2).expect("held").expect("held"),
+                    r.get::<bool>(3).expect("cancel").expect("cancel"),
+                )
+            })
+            .collect()
+        });
+        assert_eq!(
+            held,
+            vec![(b, true, true), (999999, false, false), (a, true, false)]
+        );
+        assert_eq!(
+            sqlstate(&format!(
+                "SELECT lease.renew_batch(ARRAY[{a}], 'w', ARRAY[1, 2], '1 minute')"
+            )),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate(&format!(
+                "SELECT lease.renew_batch(ARRAY[{a}, NULL], 'w', ARRAY[1, 2], '1 minute')"
+            )),
+            "22004"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.renew(NULL, 'w', 1, '1 minute')"),
+            "22004"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.renew(1, 'w', NULL, '1 minute')"),
+            "22004"
+        );
+    }
+
+    // ---- release ------------------------------------------------------------
+
+    #[pg_test]
+    fn release_done_deletes_or_keeps_by_retention() {
+        run("SELECT lease.create_queue('kept', retention => '1 hour')");
+        run("SELECT lease.enqueue('default', '{}'), lease.enqueue('kept', '{}')");
+        let (gone, e1) = claim_one("w", "1 minute", "default");
+        let (kept, e2) = claim_one("w", "1 minute", "kept");
+        assert!(check(&format!("SELECT lease.release({gone}, 'w', {e1})")));
+        assert!(check(&format!(
+            "SELECT lease.release({kept}, 'w', {e2}, 'done')"
+        )));
+        assert_eq!(
+            int(&format!("SELECT count(*) FROM lease.job WHERE id = {gone}")),
+            0
+        );
+        assert!(check(&format!(
+            "SELECT state = 'done' AND finished_at IS NOT NULL AND lease_until IS NULL
+               FROM lease.job WHERE id = {kept}"
+        )));
+        // A second release of the same lease is refused.
+        assert!(!check(&format!(
+            "SELECT lease.release({kept}, 'w', {e2}, 'done')"
+        )));
+    }
+
+    #[pg_test]
+    fn release_by_a_stale_or_foreign_owner_changes_nothing() {
+        run("SELECT lease.enqueue('default', '{}')");
+        let (id, epoch) = claim_one("a", "1 minute", "default");
+        for (owner, e) in [("b", epoch), ("a", epoch + 1), ("a", epoch - 1)] {
+            for outcome in ["done", "retry", "fail", "abandon"] {
+                assert!(!check(&format!(
+                    "SELECT lease.release({id}, '{owner}', {e}, '{outcome}')"
+                )));
+            }
+        }
+        assert!(check(&format!(
+            "SELECT state = 'leased' AND owner = 'a' AND epoch = {epoch} FROM lease.job WHERE id = {id}"
+        )));
+        assert_eq!(
+            sqlstate(&format!(
+                "SELECT lease.release({id}, 'a', {epoch}, 'maybe')"
+            )),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.release({id}, 'a', {epoch}, NULL)")),
+            "22004"
+        );
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.release({id}, NULL, {epoch})")),
+            "22004"
+        );
+    }
+
+    #[pg_test]
+    fn retry_applies_backoff_and_dead_letters_at_max_attempts() {
+        run("SELECT lease.create_queue('q', max_attempts => 2, backoff_base => '10 seconds', backoff_max => '15 seconds')");
+        let id = int("SELECT lease.enqueue('q', '{}')");
+        let (_, e1) = claim_one("w", "1 minute", "q");
+        assert!(check(&format!(
+            "SELECT lease.release({id}, 'w', {e1}, 'retry', error => 'boom')"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'pending' AND attempt = 1 AND last_error = 'boom'
+                    AND next_at BETWEEN clock_timestamp() + interval '9 seconds' AND clock_timestamp() + interval '10 seconds'
+               FROM lease.job WHERE id = {id}"
+        )));
+        // Not claimable during its backoff; an explicit retry_at overrides it.
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'w', 'q')"),
+            0
+        );
+        run(&format!(
+            "UPDATE lease.job SET next_at = clock_timestamp() WHERE id = {id}"
+        ));
+        let (_, e2) = claim_one("w", "1 minute", "q");
+        assert!(e2 > e1);
+        assert!(check(&format!(
+            "SELECT lease.release({id}, 'w', {e2}, 'retry')"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'dead' AND attempt = 2 AND last_error = 'boom' FROM lease.job WHERE id = {id}"
+        )));
+        assert_eq!(int("SELECT count(*) FROM lease.dead_letters"), 1);
+    }
+
+    #[pg_test]
+    fn retry_at_and_backoff_cap() {
+        run("SELECT lease.create_queue('q', backoff_base => '10 seconds', backoff_max => '15 seconds')");
+        let id = int("SELECT lease.enqueue('q', '{}')");
+        run(&format!("UPDATE lease.job SET attempt = 4 WHERE id = {id}"));
+        let (_, e) = claim_one("w", "1 minute", "q");
+        assert!(check(&format!(
+            "SELECT lease.release({id}, 'w', {e}, 'retry')"
+        )));
+        assert!(check(&format!(
+            "SELECT next_at BETWEEN clock_timestamp() + interval '14 seconds' AND clock_timestamp() + interval '15 seconds'
+               FROM lease.job WHERE id = {id}"
+        )));
+        run(&format!(
+            "UPDATE lease.job SET next_at = clock_timestamp() WHERE id = {id}"
+        ));
+        let (_, e) = claim_one("w", "1 minute", "q");
+        assert!(check(&format!(
+            "SELECT lease.release({id}, 'w', {e}, 'retry', retry_at => '2100-01-01')"
+        )));
+        assert!(check(&format!(
+            "SELECT next_at = '2100-01-01' FROM lease.job WHERE id = {id}"
+        )));
+    }
+
+    #[pg_test]
+    fn fail_dead_letters_and_abandon_gives_the_attempt_back() {
+        let a = int("SELECT lease.enqueue('default', '{}', priority => 1)");
+        let b = int("SELECT lease.enqueue('default', '{}')");
+        let (_, ea) = claim_one("w", "1 minute", "default");
+        let (_, eb) = claim_one("w", "1 minute", "default");
+        assert!(check(&format!(
+            "SELECT lease.release({a}, 'w', {ea}, 'fail', error => 'bad input')"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'dead' AND last_error = 'bad input' FROM lease.job WHERE id = {a}"
+        )));
+        assert!(check(&format!(
+            "SELECT lease.release({b}, 'w', {eb}, 'abandon')"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'pending' AND attempt = 0 AND next_at <= clock_timestamp() FROM lease.job WHERE id = {b}"
+        )));
+        let (again, e2) = claim_one("v", "1 minute", "default");
+        assert_eq!(again, b);
+        assert!(e2 > eb);
+    }
+
+    #[pg_test]
+    fn release_batch_releases_only_current_leases() {
+        run("SELECT lease.create_queue('kept', retention => '1 hour')");
+        run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[2]))");
+        run("SELECT lease.enqueue('kept', '{}')");
+        let (a, ea) = claim_one("w", "1 minute", "default");
+        let (b, eb) = claim_one("w", "1 minute", "default");
+        let (c, ec) = claim_one("w", "1 minute", "kept");
+        let out: Vec<(i64, bool)> = Spi::connect(|client| {
+            client
+                .select(
+                    &format!(
+                        "SELECT id, released FROM lease.release_batch(
+                            ARRAY[{c}, {b}, {a}], 'w', ARRAY[{ec}, {} , {ea}])",
+                        eb + 7
+                    ),
+                    None,
+                    &[],
+                )
+                .expect("release_batch")
+                .map(|r| {
+                    (
+                        r.get::<i64>(1).unwrap().unwrap(),
+                        r.get::<bool>(2).unwrap().unwrap(),
+                    )
+                })
+                .collect()
+        });
+        assert_eq!(out, vec![(c, true), (b, false), (a, true)]);
+        assert_eq!(
+            int(&format!("SELECT count(*) FROM lease.job WHERE id = {a}")),
+            0
+        );
+        assert!(check(&format!(
+            "SELECT state = 'done' FROM lease.job WHERE id = {c}"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'leased' FROM lease.job WHERE id = {b}"
+        )));
+        assert!(check(&format!(
+            "SELECT bool_and(released) FROM lease.release_batch(ARRAY[{b}], 'w', ARRAY[{eb}], 'retry')"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'pending' FROM lease.job WHERE id = {b}"
+        )));
+    }
+
+    // ---- fencing ------------------------------------------------------------
+
+    #[pg_test]
+    fn fenced_update_applies_only_under_the_current_epoch() {
+        run("SELECT lease.enqueue('default', '{\"a\": 1, \"b\": 1}')");
+        let (id, epoch) = claim_one("w", "1 minute", "default");
+        assert!(check(&format!(
+            "SELECT lease.fenced_update({id}, {epoch}, '{{\"b\": 2}}')"
+        )));
+        assert!(!check(&format!(
+            "SELECT lease.fenced_update({id}, {}, '{{\"b\": 3}}')",
+            epoch - 1
+        )));
+        assert!(check(&format!(
+            "SELECT payload = '{{\"a\": 1, \"b\": 2}}' FROM lease.job WHERE id = {id}"
+        )));
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fenced_update({id}, {epoch}, '[1]')")),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fenced_update({id}, {epoch}, NULL)")),
+            "22004"
+        );
+    }
+
+    #[pg_test]
+    fn fence_guards_the_callers_own_writes() {
+        run("SELECT lease.enqueue('default', '{}')");
+        let (id, epoch) = claim_one("w", "1 minute", "default");
+        assert!(check(&format!(
+            "SELECT lease.fence({id}, {epoch}) > clock_timestamp() + interval '50 seconds'"
+        )));
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fence({id}, {})", epoch + 1)),
+            "LE001"
+        );
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fence({id}, NULL)")),
+            "22004"
+        );
+        assert!(check(&format!("SELECT lease.release({id}, 'w', {epoch})")));
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fence({id}, {epoch})")),
+            "LE001"
+        );
+    }
+
+    // ---- expiry and reap ----------------------------------------------------
+
+    #[pg_test]
+    fn reap_fences_the_old_owner_and_requeues_with_backoff() {
+        run("SELECT lease.create_queue('q', backoff_base => '0', backoff_max => '0')");
+        let id = int("SELECT lease.enqueue('q', '{\"v\": 0}')");
+        let (_, old) = claim_one("a", "50 milliseconds", "q");
+        let keep = int("SELECT lease.enqueue('q', '{}')");
+        let (_, keep_epoch) = claim_one("c", "1 minute", "q");
+        run("SELECT pg_sleep(0.1)");
+        assert!(check(
+            "SELECT array_agg(ROW(queue, requeued, dead, cancelled)::text) = ARRAY['(q,1,0,0)']
+               FROM lease.reap()"
+        ));
+        assert!(check(&format!(
+            "SELECT state = 'pending' AND epoch = {} AND attempt = 1 AND last_error LIKE 'lease expired%'
+               FROM lease.job WHERE id = {id}",
+            old + 1
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'leased' AND epoch = {keep_epoch} FROM lease.job WHERE id = {keep}"
+        )));
+        let (again, new) = claim_one("b", "1 minute", "q");
+        assert_eq!(again, id);
+        assert_eq!(new, old + 2);
+        // The old owner is fenced out of every write.
+        assert!(check(&format!(
+            "SELECT NOT held FROM lease.renew({id}, 'a', {old}, '1 minute')"
+        )));
+        assert!(!check(&format!("SELECT lease.release({id}, 'a', {old})")));
+        assert!(!check(&format!(
+            "SELECT lease.fenced_update({id}, {old}, '{{\"v\": 1}}')"
+        )));
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fence({id}, {old})")),
+            "LE001"
+        );
+        assert!(check(&format!(
+            "SELECT payload = '{{\"v\": 0}}' AND owner = 'b' AND epoch = {new} FROM lease.job WHERE id = {id}"
+        )));
+        assert_eq!(
+            int("SELECT recovered_total FROM lease.queue_stats WHERE queue = 'q'"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn reap_dead_letters_and_honours_cancel() {
+        run("SELECT lease.create_queue('q', max_attempts => 1)");
+        let poison = int("SELECT lease.enqueue('q', '{}', priority => 1)");
+        let wanted = int("SELECT lease.enqueue('q', '{}')");
+        run("SELECT lease.claim_pending(2, '50 milliseconds', 'w', 'q')");
+        run("UPDATE lease.queue SET max_attempts = 5 WHERE name = 'q'");
+        run(&format!(
+            "UPDATE lease.job SET attempt = 5 WHERE id = {poison}"
+        ));
+        assert_eq!(
+            text(&format!("SELECT lease.cancel({wanted})")).as_deref(),
+            Some("cancel_requested")
+        );
+        run("SELECT pg_sleep(0.1)");
+        assert!(check(
+            "SELECT array_agg(ROW(queue, requeued, dead, cancelled)::text) = ARRAY['(q,0,1,1)'] FROM lease.reap()"
+        ));
+        assert!(check(&format!(
+            "SELECT state = 'dead' FROM lease.job WHERE id = {poison}"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'cancelled' FROM lease.job WHERE id = {wanted}"
+        )));
+        assert_eq!(int("SELECT count(*) FROM lease.reap()"), 0);
+    }
+
+    #[pg_test]
+    fn reap_is_bounded() {
+        run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[5]))");
+        run("SELECT lease.claim_pending(5, '10 milliseconds', 'w')");
+        run("SELECT pg_sleep(0.05)");
+        assert_eq!(int("SELECT requeued FROM lease.reap(2)"), 2);
+        assert_eq!(int("SELECT requeued FROM lease.reap(10)"), 3);
+        assert_eq!(sqlstate("SELECT lease.reap(0)"), "22023");
+        assert_eq!(sqlstate("SELECT lease.reap(NULL)"), "22004");
+    }
+
+    #[pg_test]
+    fn purge_respects_retention() {
+        run("SELECT lease.create_queue('q', retention => '1 second', dead_retention => '1 hour')");
+        let done = int("SELECT lease.enqueue('q', '{}', priority => 1)");
+        let dead = int("SELECT lease.enqueue('q', '{}')");
+        let (_, e) = claim_one("w", "1 minute", "q");
+        run(&format!("SELECT lease.release({done}, 'w', {e})"));
+        let (_, e) = claim_one("w", "1 minute", "q");
+        run(&format!("SELECT lease.release({dead}, 'w', {e}, 'fail')"));
+        assert_eq!(int("SELECT lease.purge()"), 0);
+        run("UPDATE lease.job SET finished_at = finished_at - interval '2 seconds'");
+        assert_eq!(int("SELECT lease.purge()"), 1);
+        assert_eq!(
+            int(&format!("SELECT count(*) FROM lease.job WHERE id = {dead}")),
+            1
+        );
+        assert_eq!(sqlstate("SELECT lease.purge(0)"), "22023");
+    }
+
+    // ---- cancel -------------------------------------------------------------
+
+    #[pg_test]
+    fn cancel_intent_survives_every_transition() {
+        let pending =
+            int("SELECT lease.enqueue('default', '{}', run_at => now() + interval '1 hour')");
+        assert_eq!(
+            text(&format!("SELECT lease.cancel({pending})")).as_deref(),
+            Some("cancelled")
+        );
+        assert_eq!(
+            text(&format!("SELECT lease.cancel({pending})")).as_deref(),
+            Some("cancelled")
+        );
+
+        for outcome in ["retry", "abandon"] {
+            let id = int("SELECT lease.enqueue('default', '{}')");
+            let (_, e) = claim_one("w", "1 minute", "default");
+            assert_eq!(
+                text(&format!("SELECT lease.cancel({id})")).as_deref(),
+                Some("cancel_requested")
+            );
+            assert!(check(&format!(
+                "SELECT cancel_requested FROM lease.renew({id}, 'w', {e}, '1 minute')"
+            )));
+            assert!(check(&format!(
+                "SELECT lease.release({id}, 'w', {e}, '{outcome}')"
+            )));
+            assert!(
+                check(&format!(
+                    "SELECT state = 'cancelled' FROM lease.job WHERE id = {id}"
+                )),
+                "{outcome}"
+            );
+        }
+
+        run("SELECT lease.create_queue('kept', retention => '1 hour')");
+        let id = int("SELECT lease.enqueue('kept', '{}')");
+        let (_, e) = claim_one("w", "1 minute", "kept");
+        run(&format!("SELECT lease.cancel({id})"));
+        assert!(check(&format!(
+            "SELECT lease.release({id}, 'w', {e}, 'done')"
+        )));
+        assert_eq!(
+            text(&format!("SELECT lease.cancel({id})")).as_deref(),
+            Some("done")
+        );
+        assert_eq!(text("SELECT lease.cancel(123456789)"), None);
+        assert_eq!(sqlstate("SELECT lease.cancel(NULL)"), "22004");
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'w')"),
+            0
+        );
+    }
+
+    // ---- named leases -------------------------------------------------------
+
+    #[pg_test]
+    fn named_lease_has_one_holder_and_growing_epochs() {
+        assert_eq!(
+            int("SELECT lease.try_acquire('leader', 'a', '1 minute')"),
+            1
+        );
+        assert!(check(
+            "SELECT lease.try_acquire('leader', 'b', '1 minute') IS NULL"
+        ));
+        assert!(check("SELECT lease.renew_named('leader', 'a', 1, '2 minutes') > clock_timestamp() + interval '1 minute'"));
+        assert!(check(
+            "SELECT lease.renew_named('leader', 'b', 1, '2 minutes') IS NULL"
+        ));
+        // The same owner name re-acquiring (a restarted process) fences its
+        // earlier incarnation.
+        assert_eq!(
+            int("SELECT lease.try_acquire('leader', 'a', '1 minute')"),
+            2
+        );
+        assert!(check(
+            "SELECT lease.renew_named('leader', 'a', 1, '1 minute') IS NULL"
+        ));
+        assert_eq!(sqlstate("SELECT lease.fence_named('leader', 1)"), "LE001");
+        assert!(check(
+            "SELECT lease.fence_named('leader', 2) > clock_timestamp()"
+        ));
+        assert!(check("SELECT lease.release_named('leader', 'a', 2)"));
+        assert!(!check("SELECT lease.release_named('leader', 'a', 2)"));
+        assert_eq!(int("SELECT count(*) FROM lease.holders"), 0);
+        assert_eq!(
+            int("SELECT lease.try_acquire('leader', 'b', '50 milliseconds')"),
+            3
+        );
+        assert!(check(
+            "SELECT owner = 'b' AND epoch = 3 FROM lease.holders WHERE name = 'leader'"
+        ));
+        run("SELECT pg_sleep(0.1)");
+        assert!(check(
+            "SELECT lease.renew_named('leader', 'b', 3, '1 minute') IS NULL"
+        ));
+        assert_eq!(
+            int("SELECT lease.try_acquire('leader', 'c', '1 minute')"),
+            4
+        );
+    }
+
+    #[pg_test]
+    fn named_lease_rejects_bad_input() {
+        let bad = [
+            ("SELECT lease.try_acquire(NULL, 'a', '1 minute')", "22004"),
+            ("SELECT lease.try_acquire('', 'a', '1 minute')", "22023"),
+            ("SELECT lease.try_acquire('n', '', '1 minute')", "22023"),
+            ("SELECT lease.try_acquire('n', 'a', '0')", "22023"),
+            (
+                "SELECT lease.renew_named('n', 'a', NULL, '1 minute')",
+                "22004",
+            ),
+            ("SELECT lease.release_named('n', NULL, 1)", "22004"),
+            ("SELECT lease.fence_named(NULL, 1)", "22004"),
+        ];
+        for (sql, state) in bad {
+            assert_eq!(sqlstate(sql), state, "{sql}");
+        }
+        assert_eq!(int("SELECT count(*) FROM lease.named_lease"), 0);
+    }
+
+    // ---- views --------------------------------------------------------------
+
+    #[pg_test]
+    fn views_report_depth_leases_and_age() {
+        run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[3]), run_at => now() - interval '1 minute')");
+        run("SELECT lease.enqueue('default', '{}', run_at => now() + interval '1 hour')");
+        run("SELECT lease.claim_pending(1, '1 minute', 'w')");
+        assert!(check(
+            "SELECT pending = 3 AND ready = 2 AND leased = 1 AND expired = 0 AND done = 0
+                    AND oldest_ready_age >= interval '1 minute'
+               FROM lease.queue_stats WHERE queue = 'default'"
+        ));
+        assert!(check(
+            "SELECT owner = 'w' AND remaining > interval '50 seconds' FROM lease.in_flight"
+        ));
+    }
+
+    // ---- privileges and hygiene ---------------------------------------------
+
+    #[pg_test]
+    fn roles_limit_who_can_do_what() {
+        run("SELECT lease.enqueue('default', '{\"secret\": 1}')");
+        run("CREATE ROLE lease_test_nobody; CREATE ROLE lease_test_worker IN ROLE lease_worker");
+        // Create the helper while still superuser.
+        assert_eq!(sqlstate("SELECT 1"), "00000");
+
+        run("SET LOCAL ROLE lease_test_nobody");
+        assert_eq!(
+            sqlstate("SELECT lease.claim_pending(1, '1 minute', 'x')"),
+            "42501"
+        );
+        assert_eq!(sqlstate("SELECT payload FROM lease.job"), "42501");
+        assert_eq!(sqlstate("SELECT lease.release(1, 'x', 1)"), "42501");
+        assert_eq!(sqlstate("SELECT * FROM lease.queue_stats"), "42501");
+
+        run("RESET ROLE; SET LOCAL ROLE lease_test_worker");
+        assert_eq!(sqlstate("SELECT payload FROM lease.job"), "42501");
+        assert_eq!(sqlstate("UPDATE lease.job SET epoch = 99"), "42501");
+        assert_eq!(sqlstate("SELECT lease.create_queue('mine')"), "42501");
+        assert_eq!(sqlstate("SELECT lease.reap()"), "42501");
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'x')"),
+            1
+        );
+        run("RESET ROLE");
+    }
+
+    #[pg_test]
+    fn every_function_is_documented_and_definers_pin_search_path() {
+        let undocumented = text(
+            "SELECT string_agg(p.oid::regprocedure::text, ', ')
+               FROM pg_proc p
+              WHERE p.pronamespace = 'lease'::regnamespace
+                AND obj_description(p.oid, 'pg_proc') IS NULL",
+        );
+        assert_eq!(undocumented, None, "functions without COMMENT ON");
+        let unpinned = text(
+            "SELECT string_agg(p.oid::regprocedure::text, ', ')
+               FROM pg_proc p
+              WHERE p.pronamespace = 'lease'::regnamespace AND p.prosecdef
+                AND NOT coalesce(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)",
+        );
+        assert_eq!(
+            unpinned, None,
+            "SECURITY DEFINER functions without a pinned search_path"
+        );
+        let public = text(
+            "SELECT string_agg(p.oid::regprocedure::text, ', ')
+               FROM pg_proc p
+              WHERE p.pronamespace = 'lease'::regnamespace
+                AND has_function_privilege('public', p.oid, 'EXECUTE')",
+        );
+        assert_eq!(public, None, "functions executable by PUBLIC");
+    }
+}

@@ -1,0 +1,682 @@
+//! Test harness for pg_lease: throwaway PostgreSQL 15 clusters.
+//!
+//! Each [`Cluster`] is a real, private PostgreSQL server: its own data
+//! directory under the system temp dir, its own TCP port on 127.0.0.1 and its
+//! own Unix socket directory. Tests therefore never share server state, can run
+//! in parallel, and can restart or break a server without affecting others.
+//! Dropping the [`Cluster`] stops the server and deletes the data directory.
+//!
+//! PostgreSQL refuses to run as root, so when the test process is root the
+//! server tools are run as the OS user `postgres` through `runuser`.
+//!
+//! ```no_run
+//! # async fn example() {
+//! use pg_tests::{Cluster, ClusterConfig};
+//!
+//! let cluster = Cluster::start_with(ClusterConfig {
+//!     extra_conf: vec!["shared_preload_libraries = 'pg_lease'".into()],
+//!     ..Default::default()
+//! });
+//! let client = cluster.connect().await;
+//! let row = client.query_one("SELECT 1", &[]).await.expect("SELECT 1");
+//! assert_eq!(row.get::<_, i32>(0), 1);
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+use std::env;
+use std::fs;
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Where Debian's `postgresql-15` package puts the server binaries; used when
+/// [`PG_BIN_ENV`] is not set.
+pub const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// Environment variable naming the directory with `initdb`, `pg_ctl`,
+/// `postgres` and `psql`, for machines where PostgreSQL 15 lives elsewhere.
+pub const PG_BIN_ENV: &str = "PG_LEASE_PG_BIN";
+
+/// Database superuser created by `initdb -U`; every connection defaults to it
+/// so tests can do anything (create roles, extensions, databases).
+pub const SUPERUSER: &str = "postgres";
+
+/// OS account the server runs as when the test process is root, because
+/// PostgreSQL refuses to run as root.
+pub const POSTGRES_OS_USER: &str = "postgres";
+
+/// Database created in every cluster, so tests do not clutter the `postgres`
+/// maintenance database; [`Cluster::connect`] connects to it.
+pub const TEST_DB: &str = "pg_lease_test";
+
+/// Name of the extension under test, created when
+/// [`ClusterConfig::create_extension`] is true.
+pub const EXTENSION: &str = "pg_lease";
+
+/// How many ports to try before giving up: another process can grab the port
+/// between picking it and the server binding it.
+const START_ATTEMPTS: u32 = 5;
+
+/// Seconds `pg_ctl` waits for start or stop; generous because a loaded
+/// 2-core CI machine running tests in parallel can be slow.
+const PG_CTL_TIMEOUT_SECS: &str = "60";
+
+/// Lines of `server.log` quoted in error messages.
+const LOG_TAIL_LINES: usize = 40;
+
+/// Libpq environment variables that would override or disturb the explicit
+/// connection settings the harness passes to `psql` and `pg_ctl`.
+const PG_ENV_VARS: &[&str] = &[
+    "PGDATA",
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGUSER",
+    "PGDATABASE",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSERVICE",
+    "PGSERVICEFILE",
+    "PGOPTIONS",
+    "PGSSLMODE",
+    "PGCONNECT_TIMEOUT",
+    "PGTZ",
+    "PGCLIENTENCODING",
+];
+
+/// Options for [`Cluster::start_with`].
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Lines appended to `postgresql.conf` after the harness's own settings
+    /// (so they win), e.g. `shared_preload_libraries = 'pg_lease'`. Do not
+    /// set `port`, `listen_addresses` or `unix_socket_directories` here: the
+    /// harness chooses and reports those.
+    pub extra_conf: Vec<String>,
+    /// Run `CREATE EXTENSION pg_lease` in [`TEST_DB`] after start; true by
+    /// default because almost every test needs it. Turn it off to test the
+    /// harness itself or installation paths.
+    pub create_extension: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            extra_conf: Vec::new(),
+            create_extension: true,
+        }
+    }
+}
+
+/// A running throwaway PostgreSQL cluster, stopped and deleted on drop.
+///
+/// Start it with [`Cluster::start`] or [`Cluster::start_with`]; both panic
+/// with the relevant tool output or server log on failure, since this is test
+/// code and a failed start should stop the test with a clear reason.
+#[derive(Debug)]
+pub struct Cluster {
+    data_dir: PathBuf,
+    port: u16,
+    bin_dir: PathBuf,
+    run_as: RunAs,
+}
+
+impl Cluster {
+    /// Starts a cluster with [`ClusterConfig::default`]: no extra settings,
+    /// extension created. Panics with a clear message on failure.
+    pub fn start() -> Cluster {
+        Cluster::start_with(ClusterConfig::default())
+    }
+
+    /// Initializes, configures and starts a fresh cluster, creates
+    /// [`TEST_DB`] and, if asked, the extension. Panics with a clear message
+    /// (including tool output or the server log) on failure; anything already
+    /// created is cleaned up first.
+    pub fn start_with(config: ClusterConfig) -> Cluster {
+        match Cluster::try_start(&config) {
+            Ok(cluster) => cluster,
+            Err(err) => panic!("pg_tests: could not start a PostgreSQL test cluster: {err}"),
+        }
+    }
+
+    /// TCP port the server listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Data directory of the cluster; also its Unix socket directory and the
+    /// home of `server.log`.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Libpq/tokio-postgres connection string for database `db` as the
+    /// superuser, e.g. `host=127.0.0.1 port=N user=postgres dbname=db`.
+    pub fn conn_string(&self, db: &str) -> String {
+        self.conn_string_as(db, SUPERUSER)
+    }
+
+    /// Connects to [`TEST_DB`] as the superuser; see [`Cluster::connect_to`].
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        self.connect_to(TEST_DB, SUPERUSER).await
+    }
+
+    /// Connects to database `db` as role `user` (trust auth, no password).
+    ///
+    /// The connection future is spawned with `tokio::spawn`, so this must be
+    /// called inside a tokio runtime; the connection lives until the client is
+    /// dropped. Panics with a clear message if the connection fails.
+    pub async fn connect_to(&self, db: &str, user: &str) -> tokio_postgres::Client {
+        let conn_str = self.conn_string_as(db, user);
+        let (client, connection) =
+            match tokio_postgres::connect(&conn_str, tokio_postgres::NoTls).await {
+                Ok(pair) => pair,
+                Err(err) => panic!(
+                    "pg_tests: could not connect with \"{conn_str}\": {}\n\
+                 --- server.log (last {LOG_TAIL_LINES} lines) ---\n{}",
+                    error_chain(&err),
+                    tail(&self.server_log(), LOG_TAIL_LINES)
+                ),
+            };
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                eprintln!(
+                    "pg_tests: connection \"{conn_str}\" ended with an error: {}",
+                    error_chain(&err)
+                );
+            }
+        });
+        client
+    }
+
+    /// Contents of the server's `server.log`, for assertions on logged
+    /// messages and for debugging; a placeholder text if it cannot be read.
+    pub fn server_log(&self) -> String {
+        let path = self.log_path();
+        match fs::read(&path) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(err) => format!("<could not read {}: {err}>", path.display()),
+        }
+    }
+
+    /// Runs `sql` in database `db` with `psql` (as the superuser, stopping at
+    /// the first error) and returns its unaligned, tuples-only output.
+    ///
+    /// Synchronous, for setup steps outside a tokio runtime; panics with
+    /// psql's stderr on failure.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        match self.try_psql(db, sql) {
+            Ok(out) => out,
+            Err(err) => panic!("pg_tests: psql failed: {err}"),
+        }
+    }
+
+    fn try_start(config: &ClusterConfig) -> Result<Cluster, String> {
+        let run_as = run_as()?;
+        let bin_dir = pg_bin_dir();
+        for tool in ["initdb", "pg_ctl", "postgres", "psql"] {
+            if !bin_dir.join(tool).is_file() {
+                return Err(format!(
+                    "{} not found; install PostgreSQL 15 or set {PG_BIN_ENV} \
+                     to the directory holding its binaries",
+                    bin_dir.join(tool).display()
+                ));
+            }
+        }
+        let data_dir = create_unique_dir()?;
+        // From here on, dropping `cluster` (on error or panic) stops whatever
+        // was started and removes the directory.
+        let mut cluster = Cluster {
+            data_dir,
+            port: 0,
+            bin_dir,
+            run_as,
+        };
+        if let RunAs::PostgresUser { uid, gid } = run_as {
+            std::os::unix::fs::chown(&cluster.data_dir, Some(uid), Some(gid)).map_err(|err| {
+                format!(
+                    "could not chown {} to {POSTGRES_OS_USER}: {err}",
+                    cluster.data_dir.display()
+                )
+            })?;
+        }
+        cluster.initdb()?;
+        cluster.start_server(&config.extra_conf)?;
+        cluster
+            .try_psql("postgres", &format!("CREATE DATABASE {TEST_DB}"))
+            .map_err(|err| format!("could not create database {TEST_DB}: {err}"))?;
+        if config.create_extension {
+            cluster
+                .try_psql(TEST_DB, &format!("CREATE EXTENSION {EXTENSION}"))
+                .map_err(|err| {
+                    format!(
+                        "CREATE EXTENSION {EXTENSION} failed (is the extension installed \
+                         into this PostgreSQL, e.g. with `cargo pgrx install`?): {err}"
+                    )
+                })?;
+        }
+        Ok(cluster)
+    }
+
+    fn initdb(&self) -> Result<(), String> {
+        let mut cmd = self.pg_command("initdb");
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .args(["-U", SUPERUSER, "--auth=trust", "--no-sync", "-E", "UTF8"])
+            .arg("--locale=C");
+        run(&mut cmd, "initdb").map(drop)
+    }
+
+    /// Writes the configuration and starts the server, picking a new port and
+    /// retrying when the chosen one turned out to be taken.
+    fn start_server(&mut self, extra_conf: &[String]) -> Result<(), String> {
+        let conf_path = self.data_dir.join("postgresql.conf");
+        // Keep initdb's file and rewrite only our block on each attempt, so a
+        // retry does not pile up conflicting `port` lines.
+        let base_conf = fs::read_to_string(&conf_path)
+            .map_err(|err| format!("could not read {}: {err}", conf_path.display()))?;
+        let mut last_err = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            self.port = free_port()?;
+            let conf = format!(
+                "{base_conf}\n# --- added by the pg_tests harness ---\n{}",
+                self.harness_conf(extra_conf)
+            );
+            fs::write(&conf_path, conf)
+                .map_err(|err| format!("could not write {}: {err}", conf_path.display()))?;
+            // A fresh log per attempt, so errors quote only this attempt.
+            let _ = fs::remove_file(self.log_path());
+
+            let mut cmd = self.pg_command("pg_ctl");
+            cmd.arg("-D")
+                .arg(&self.data_dir)
+                .arg("-l")
+                .arg(self.log_path())
+                .args(["-w", "-t", PG_CTL_TIMEOUT_SECS, "start"]);
+            let err = match run(&mut cmd, "pg_ctl start") {
+                Ok(_) => return Ok(()),
+                Err(err) => err,
+            };
+            let log = self.server_log();
+            // pg_ctl may have timed out while the server was still coming up.
+            if let Err(stop_err) = self.stop_server() {
+                eprintln!("pg_tests: cleanup after failed start: {stop_err}");
+            }
+            last_err = format!(
+                "{err}\n--- server.log (last {LOG_TAIL_LINES} lines) ---\n{}",
+                tail(&log, LOG_TAIL_LINES)
+            );
+            if !is_port_conflict(&log) || attempt == START_ATTEMPTS {
+                break;
+            }
+            eprintln!(
+                "pg_tests: port {} was taken (attempt {attempt} of {START_ATTEMPTS}), retrying",
+                self.port
+            );
+        }
+        Err(last_err)
+    }
+
+    fn harness_conf(&self, extra_conf: &[String]) -> String {
+        let mut conf = format!(
+            "listen_addresses = '127.0.0.1'\n\
+             port = {}\n\
+             unix_socket_directories = '{}'\n\
+             fsync = off\n\
+             max_connections = 100\n",
+            self.port,
+            self.data_dir.display().to_string().replace('\'', "''"),
+        );
+        for line in extra_conf {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        conf
+    }
+
+    /// Stops the server if its pid file says it may be running.
+    fn stop_server(&self) -> Result<(), String> {
+        if !self.data_dir.join("postmaster.pid").exists() {
+            return Ok(());
+        }
+        let mut cmd = self.pg_command("pg_ctl");
+        cmd.arg("-D").arg(&self.data_dir).args([
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            PG_CTL_TIMEOUT_SECS,
+            "stop",
+        ]);
+        run(&mut cmd, "pg_ctl stop").map(drop)
+    }
+
+    /// Last resort when `pg_ctl stop` failed: SIGQUIT (immediate shutdown) to
+    /// the postmaster named in the pid file, if that pid is still a postgres
+    /// process, then wait briefly for it to go away.
+    fn kill_postmaster(&self) {
+        let Ok(pid_file) = fs::read_to_string(self.data_dir.join("postmaster.pid")) else {
+            return;
+        };
+        let Some(pid) = pid_file
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse::<u32>().ok())
+        else {
+            return;
+        };
+        let is_postgres = fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|comm| comm.trim() == "postgres")
+            .unwrap_or(false);
+        if !is_postgres || !process_alive(pid) {
+            return;
+        }
+        let status = Command::new("kill")
+            .args(["-QUIT", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if !matches!(status, Ok(s) if s.success()) {
+            eprintln!("pg_tests: could not signal postmaster {pid}");
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_alive(pid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
+        let mut cmd = self.pg_command("psql");
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", SUPERUSER, "-d", db])
+            .args(["-v", "ON_ERROR_STOP=1", "-X", "-q", "-A", "-t", "-c", sql]);
+        let out = run(&mut cmd, "psql")?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn conn_string_as(&self, db: &str, user: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} dbname={}",
+            self.port,
+            conn_value(user),
+            conn_value(db)
+        )
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.data_dir.join("server.log")
+    }
+
+    /// A command for PostgreSQL tool `program`, run as the right OS user with
+    /// a clean libpq environment.
+    fn pg_command(&self, program: &str) -> Command {
+        let exe = self.bin_dir.join(program);
+        let mut cmd = match self.run_as {
+            RunAs::CurrentUser => Command::new(exe),
+            RunAs::PostgresUser { .. } => {
+                let mut cmd = Command::new("runuser");
+                cmd.args(["-u", POSTGRES_OS_USER, "--"]).arg(exe);
+                cmd
+            }
+        };
+        // The caller's cwd (e.g. under /root) may be unreadable for the
+        // postgres user; the temp dir is not.
+        cmd.current_dir(env::temp_dir()).stdin(Stdio::null());
+        for var in PG_ENV_VARS {
+            cmd.env_remove(var);
+        }
+        cmd
+    }
+}
+
+impl Drop for Cluster {
+    /// Stops the server (immediate mode: the data is thrown away anyway) and
+    /// deletes the data directory. Never panics; problems go to stderr.
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!(
+                "pg_tests: test panicked; server.log of cluster on port {} (last {LOG_TAIL_LINES} lines):\n{}",
+                self.port,
+                tail(&self.server_log(), LOG_TAIL_LINES)
+            );
+        }
+        if let Err(err) = self.stop_server() {
+            eprintln!("pg_tests: {err}");
+            self.kill_postmaster();
+        }
+        if let Err(err) = fs::remove_dir_all(&self.data_dir) {
+            if err.kind() != ErrorKind::NotFound {
+                eprintln!(
+                    "pg_tests: could not remove {}: {err}",
+                    self.data_dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// Directory with the PostgreSQL binaries: [`PG_BIN_ENV`] if set and
+/// non-empty, else [`DEFAULT_PG_BIN`].
+pub fn pg_bin_dir() -> PathBuf {
+    match env::var_os(PG_BIN_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(DEFAULT_PG_BIN),
+    }
+}
+
+/// Which OS user runs the PostgreSQL tools.
+#[derive(Clone, Copy, Debug)]
+enum RunAs {
+    /// Not root: run them directly.
+    CurrentUser,
+    /// Root: run them as [`POSTGRES_OS_USER`], who must own the data dir.
+    PostgresUser { uid: u32, gid: u32 },
+}
+
+/// Detects (once per process) whether tools must run as the postgres user.
+fn run_as() -> Result<RunAs, String> {
+    static RUN_AS: OnceLock<Result<RunAs, String>> = OnceLock::new();
+    RUN_AS
+        .get_or_init(|| {
+            if effective_uid()? != 0 {
+                return Ok(RunAs::CurrentUser);
+            }
+            Ok(RunAs::PostgresUser {
+                uid: id_number(&["-u", POSTGRES_OS_USER])?,
+                gid: id_number(&["-g", POSTGRES_OS_USER])?,
+            })
+        })
+        .clone()
+}
+
+/// Effective uid of this process, from `/proc/self/status` (no libc here),
+/// falling back to `id -u`.
+fn effective_uid() -> Result<u32, String> {
+    let from_proc = fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                // Fields: real, effective, saved, filesystem.
+                .and_then(|ids| ids.split_whitespace().nth(1))
+                .and_then(|uid| uid.parse().ok())
+        });
+    match from_proc {
+        Some(uid) => Ok(uid),
+        None => id_number(&["-u"]),
+    }
+}
+
+/// Runs `id` with `args` and parses the number it prints.
+fn id_number(args: &[&str]) -> Result<u32, String> {
+    let out = run(Command::new("id").args(args), "id")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .map_err(|err| format!("`id {}` printed {text:?}: {err}", args.join(" ")))
+}
+
+/// Creates a new, empty, private directory `pg_lease_test_<pid>_<n>` under the
+/// temp dir; the counter keeps clusters of one process apart, the pid keeps
+/// processes apart.
+fn create_unique_dir() -> Result<PathBuf, String> {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let pid = std::process::id();
+    for _ in 0..1000 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = env::temp_dir().join(format!("pg_lease_test_{pid}_{n}"));
+        // initdb insists on 0700 (or 0750) for the data directory.
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            // Left over from an earlier process with the same pid.
+            Err(err) if err.kind() == ErrorKind::AlreadyExists => continue,
+            Err(err) => return Err(format!("could not create {}: {err}", dir.display())),
+        }
+    }
+    Err(format!(
+        "could not find an unused pg_lease_test_{pid}_* name in {}",
+        env::temp_dir().display()
+    ))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago. Another process may
+/// take it before the server binds it, hence the retries in `start_server`.
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|err| format!("could not bind a probe socket on 127.0.0.1: {err}"))?;
+    let port = listener
+        .local_addr()
+        .map_err(|err| format!("could not read the probe socket's port: {err}"))?
+        .port();
+    drop(listener);
+    Ok(port)
+}
+
+/// Whether process `pid` exists and has not exited. An exited process whose
+/// parent has not reaped it yet (a zombie, state `Z`) counts as gone: the
+/// postmaster is daemonized, so its parent is PID 1, which in some containers
+/// reaps orphans only after a delay.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // Format: `pid (comm) state ...`; comm may contain spaces or parentheses.
+    match stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+    {
+        Some(state) => !matches!(state, "Z" | "X" | "x"),
+        None => false,
+    }
+}
+
+/// Whether a failed start was caused by the port being taken, which is worth
+/// retrying on another port.
+fn is_port_conflict(log: &str) -> bool {
+    [
+        "could not bind",
+        "Address already in use",
+        "could not create any TCP/IP sockets",
+    ]
+    .iter()
+    .any(|needle| log.contains(needle))
+}
+
+/// Runs `cmd`, capturing its output; an error with both output streams if it
+/// cannot be run or exits unsuccessfully.
+fn run(cmd: &mut Command, what: &str) -> Result<Output, String> {
+    let shown = show_command(cmd);
+    let out = cmd
+        .output()
+        .map_err(|err| format!("could not run {what} ({shown}): {err}"))?;
+    if out.status.success() {
+        return Ok(out);
+    }
+    Err(format!(
+        "{what} failed ({})\n--- command ---\n{shown}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+    ))
+}
+
+/// Program and arguments of `cmd`, for error messages (without the long
+/// list of removed environment variables that `Debug` would show).
+fn show_command(cmd: &Command) -> String {
+    let mut shown = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        shown.push(' ');
+        shown.push_str(&arg.to_string_lossy());
+    }
+    shown
+}
+
+/// An error with all its sources; tokio-postgres's own message for a server
+/// error is just "db error", the server's message is in the source.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Quotes a connection-string value when needed (empty, or containing
+/// spaces, quotes or backslashes), as libpq and tokio-postgres expect.
+fn conn_value(value: &str) -> String {
+    let needs_quotes = value.is_empty()
+        || value
+            .chars()
+            .any(|c| c.is_whitespace() || c == '\'' || c == '\\');
+    if !needs_quotes {
+        return value.to_owned();
+    }
+    let escaped = value.replace('\\', "\\\\").replace('\'', "\\'");
+    format!("'{escaped}'")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_last_lines() {
+        assert_eq!(tail("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(tail("a", 5), "a");
+        assert_eq!(tail("", 5), "");
+    }
+
+    #[test]
+    fn conn_values_are_quoted_only_when_needed() {
+        assert_eq!(conn_value("pg_lease_test"), "pg_lease_test");
+        assert_eq!(conn_value(""), "''");
+        assert_eq!(conn_value("my db"), "'my db'");
+        assert_eq!(conn_value(r"o'k\"), r"'o\'k\\'");
+    }
+
+    #[test]
+    fn port_conflicts_are_recognized() {
+        assert!(is_port_conflict(
+            "LOG:  could not bind IPv4 address \"127.0.0.1\": Address already in use"
+        ));
+        assert!(!is_port_conflict("FATAL:  could not load library"));
+    }
+}

@@ -1,0 +1,58 @@
+-- Claiming: the one statement that turns pending rows into leases.
+
+CREATE FUNCTION lease.claim_pending(
+    "limit" integer,
+    ttl     interval,
+    owner   text,
+    queue   text DEFAULT 'default'
+) RETURNS SETOF lease.claim
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n constant integer := lease.checked_limit("limit");
+    d constant interval := lease.checked_ttl(ttl);
+    o constant text := lease.checked_owner(owner);
+    q constant text := lease.checked_not_null(queue, 'queue');
+    t constant timestamptz := clock_timestamp();
+BEGIN
+    -- The picked ids are materialised once and fed to the UPDATE as an array:
+    --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
+    --    the executor and lease more than n rows (PostgreSQL bug #15715);
+    --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
+    --    cache assumes about n; a join against the CTE can turn into a hash
+    --    join over the whole table under a generic plan.
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.queue = q
+           AND j.state = 'pending'
+           AND j.next_at <= t
+         ORDER BY j.priority DESC, j.next_at, j.id
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE lease.job j
+       SET state       = 'leased',
+           owner       = o,
+           epoch       = j.epoch + 1,
+           attempt     = j.attempt + 1,
+           lease_until = clock_timestamp() + d
+     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+
+    IF NOT FOUND THEN
+        -- Only an empty claim pays for telling "no work" from "no such queue".
+        PERFORM lease.checked_queue(q);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
+$$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
+token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
+in order of priority (highest first), next-eligible time, id; rows locked by others are skipped,
+never waited for. Every claim gives the row an epoch greater than any it had before.
+Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
+over 256 characters; 42704 no such queue.$$;

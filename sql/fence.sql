@@ -1,0 +1,58 @@
+-- Fenced writes: the holder of (id, epoch) may write; nobody else may, not
+-- even the same owner with an older epoch.
+
+CREATE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease.checked_not_null(patch, 'patch');
+    IF jsonb_typeof(patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE lease.job j
+       SET payload = j.payload || patch
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
+is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object.$$;
+
+CREATE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
+    -- and claimers skip or wait for it, so no new epoch can be issued before
+    -- the caller's own writes commit.
+    SELECT j.lease_until INTO until
+      FROM lease.job j
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
+            USING ERRCODE = 'LE001',
+                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
+                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
+current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+follow in the same transaction are ordered before any takeover. Call it first, then write your tables.
+Errors: LE001 lease not held (roll back); 22004 an argument NULL.$$;

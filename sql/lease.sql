@@ -1,0 +1,230 @@
+-- Holding and ending a lease: renew and release, single and batch.
+--
+-- Every statement here is keyed on (id, owner, epoch), on state = 'leased'
+-- and on the database clock (lease_until > clock_timestamp()): a lease that
+-- expired, was reaped, taken over or released is "lost" and nothing changes.
+-- clock_timestamp() is evaluated per row, after any row-lock wait, so a
+-- renewal that waited past the expiry does not resurrect the lease.
+
+CREATE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
+RETURNS lease.renewal
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o constant text := lease.checked_owner(owner);
+    d constant interval := lease.checked_ttl(ttl);
+    result lease.renewal;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    UPDATE lease.job j
+       SET lease_until = clock_timestamp() + d
+     WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+    RETURNING j.id, true, j.lease_until, j.cancel_requested
+      INTO result;
+    IF NOT FOUND THEN
+        result := ROW(renew.id, false, NULL, NULL);
+    END IF;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION lease.renew(bigint, text, bigint, interval) IS
+$$Extends OWNER's lease on row ID at EPOCH to now + TTL (database clock). Returns (id, held, lease_until,
+cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
+means lease.cancel was called and the owner should stop and release.
+Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters.$$;
+
+CREATE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval)
+RETURNS SETOF lease.renewal
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o constant text := lease.checked_owner(owner);
+    d constant interval := lease.checked_ttl(ttl);
+BEGIN
+    PERFORM lease.checked_same_length(ids, epochs);
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT u.id, u.epoch, u.ord FROM unnest(ids, epochs) WITH ORDINALITY AS u(id, epoch, ord)
+    ), renewed AS (
+        UPDATE lease.job j
+           SET lease_until = clock_timestamp() + d
+          FROM wanted w
+         WHERE j.id = w.id AND j.epoch = w.epoch AND j.owner = o
+           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+        RETURNING j.id, j.lease_until, j.cancel_requested
+    )
+    SELECT w.id, r.id IS NOT NULL, r.lease_until, r.cancel_requested
+      FROM wanted w LEFT JOIN renewed r ON r.id = w.id
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval) IS
+$$lease.renew for many leases of one owner in one statement (one round trip per heartbeat). ids[i] goes
+with epochs[i]; returns one lease.renewal per element, in input order.
+Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
+elements, ttl or owner invalid.$$;
+
+CREATE FUNCTION lease.checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF ids IS NULL OR epochs IS NULL THEN
+        RAISE EXCEPTION 'ids and epochs must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(ids) <> cardinality(epochs) THEN
+        RAISE EXCEPTION 'ids has % elements, epochs has %', cardinality(ids), cardinality(epochs)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(ids) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 leases per call (got %)', cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(ids, NULL) IS NOT NULL OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ids and epochs must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN cardinality(ids);
+END
+$$;
+
+COMMENT ON FUNCTION lease.checked_same_length(bigint[], bigint[]) IS
+    'Internal: returns the length of ids, or raises 22004 for NULL arrays/elements, 22023 for unequal lengths or more than 10000 elements.';
+
+CREATE FUNCTION lease.checked_outcome(outcome text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF outcome IS NULL THEN
+        RAISE EXCEPTION 'outcome must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF outcome NOT IN ('done', 'retry', 'fail', 'abandon') THEN
+        RAISE EXCEPTION 'outcome must be one of done, retry, fail, abandon (got "%")', outcome
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN outcome;
+END
+$$;
+
+COMMENT ON FUNCTION lease.checked_outcome(text) IS
+    'Internal: returns outcome, or raises 22004 if NULL, 22023 unless done/retry/fail/abandon.';
+
+CREATE FUNCTION lease.release(
+    id       bigint,
+    owner    text,
+    epoch    bigint,
+    outcome  text        DEFAULT 'done',
+    retry_at timestamptz DEFAULT NULL,
+    error    text        DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o  constant text := lease.checked_owner(owner);
+    oc constant text := lease.checked_outcome(outcome);
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    IF oc = 'done' THEN
+        -- Queues that keep no history drop done rows at once: one write, not two.
+        DELETE FROM lease.job j
+         USING lease.queue q
+         WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
+           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND q.name = j.queue AND q.retention = interval '0';
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+    END IF;
+
+    UPDATE lease.job j
+       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts),
+           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
+                              THEN clock_timestamp() END,
+           attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
+           next_at     = CASE WHEN oc = 'retry'
+                              THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
+                              ELSE j.next_at END,
+           lease_until = NULL,
+           last_error  = coalesce(error, j.last_error)
+      FROM lease.queue q
+     WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       AND q.name = j.queue;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text) IS
+$$Ends OWNER's lease on row ID at EPOCH with an outcome, and returns true; returns false and changes
+nothing if the lease is lost (stale epoch, wrong owner, expired, already released).
+Outcomes: 'done' (finished; deleted at once if the queue's retention is 0), 'retry' (pending again at
+retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' (dead letter now),
+'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
+into 'cancelled'. error is kept in last_error.
+Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters.$$;
+
+CREATE FUNCTION lease.release_batch(
+    ids      bigint[],
+    owner    text,
+    epochs   bigint[],
+    outcome  text        DEFAULT 'done',
+    retry_at timestamptz DEFAULT NULL,
+    error    text        DEFAULT NULL
+) RETURNS TABLE (id bigint, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o  constant text := lease.checked_owner(owner);
+    oc constant text := lease.checked_outcome(outcome);
+    gone bigint[] := '{}';
+BEGIN
+    PERFORM lease.checked_same_length(ids, epochs);
+    IF oc = 'done' THEN
+        WITH deleted AS (
+            DELETE FROM lease.job j
+             USING unnest(ids, epochs) AS u(id, epoch), lease.queue q
+             WHERE j.id = u.id AND j.epoch = u.epoch AND j.owner = o
+               AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+               AND q.name = j.queue AND q.retention = interval '0'
+            RETURNING j.id
+        )
+        SELECT coalesce(array_agg(d.id), '{}') INTO gone FROM deleted d;
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT u.id, u.epoch, u.ord FROM unnest(ids, epochs) WITH ORDINALITY AS u(id, epoch, ord)
+    ), updated AS (
+        UPDATE lease.job j
+           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts),
+               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
+                                  THEN clock_timestamp() END,
+               attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
+               next_at     = CASE WHEN oc = 'retry'
+                                  THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
+                                  ELSE j.next_at END,
+               lease_until = NULL,
+               last_error  = coalesce(error, j.last_error)
+          FROM wanted w, lease.queue q
+         WHERE j.id = w.id AND j.epoch = w.epoch AND j.owner = o
+           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND q.name = j.queue
+        RETURNING j.id
+    )
+    SELECT w.id, (w.id = ANY (gone) OR u.id IS NOT NULL)
+      FROM wanted w LEFT JOIN updated u ON u.id = w.id
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text) IS
+$$lease.release for many leases of one owner with one outcome, in one statement (batched completions).
+ids[i] goes with epochs[i]; returns (id, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+unknown outcome, owner invalid.$$;

@@ -1,0 +1,124 @@
+-- Named leases: one holder per name (singletons, leader election), fenced by
+-- an epoch that only ever grows for that name.
+
+CREATE FUNCTION lease.checked_name(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF name IS NULL THEN
+        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN name;
+END
+$$;
+
+COMMENT ON FUNCTION lease.checked_name(text) IS
+    'Internal: returns name, or raises 22004 if NULL, 22023 if empty or longer than 128 characters.';
+
+CREATE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+    d  constant interval := lease.checked_ttl(ttl);
+    got bigint;
+BEGIN
+    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
+    VALUES (nm, o, 1, clock_timestamp() + d, clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+        SET owner       = EXCLUDED.owner,
+            epoch       = n.epoch + 1,
+            lease_until = clock_timestamp() + d,
+            acquired_at = clock_timestamp()
+        -- Free, or held by this owner name (a restarted process): either way a
+        -- new epoch is issued, which fences every earlier holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
+    RETURNING n.epoch INTO got;
+    RETURN got;
+END
+$$;
+
+COMMENT ON FUNCTION lease.try_acquire(text, text, interval) IS
+$$Takes named lease NAME for OWNER for TTL if it is free, expired, or already OWNER's, and returns its
+new epoch (greater than every epoch ever issued for NAME); returns NULL if someone else holds it.
+Errors: 22004 an argument NULL; 22023 name or owner empty or too long, ttl not in (0, 1 day].$$;
+
+CREATE FUNCTION lease.renew_named(name text, owner text, epoch bigint, ttl interval) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+    d  constant interval := lease.checked_ttl(ttl);
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(epoch, 'epoch');
+    UPDATE lease.named_lease n
+       SET lease_until = clock_timestamp() + d
+     WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch
+       AND n.lease_until > clock_timestamp()
+    RETURNING n.lease_until INTO until;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.renew_named(text, text, bigint, interval) IS
+$$Extends OWNER's hold on NAME at EPOCH to now + TTL and returns the new lease_until; returns NULL (lost:
+expired, released or taken over) and changes nothing otherwise. A holder must step down on NULL.
+Errors: 22004 an argument NULL; 22023 name, owner or ttl invalid.$$;
+
+CREATE FUNCTION lease.release_named(name text, owner text, epoch bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+BEGIN
+    PERFORM lease.checked_not_null(epoch, 'epoch');
+    -- Expire rather than delete: the row carries the epoch forward.
+    UPDATE lease.named_lease n
+       SET lease_until = clock_timestamp()
+     WHERE n.name = nm AND n.owner = o AND n.epoch = release_named.epoch
+       AND n.lease_until > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text, text, bigint) IS
+$$Gives up OWNER's hold on NAME at EPOCH so another contender can take it at once. Returns false and
+changes nothing if that hold is already lost. Errors: 22004 an argument NULL; 22023 name or owner invalid.$$;
+
+CREATE FUNCTION lease.fence_named(name text, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    nm constant text := lease.checked_name(name);
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(epoch, 'epoch');
+    SELECT n.lease_until INTO until
+      FROM lease.named_lease n
+     WHERE n.name = nm AND n.epoch = fence_named.epoch AND n.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'named lease "%" at epoch % is not held', name, epoch
+            USING ERRCODE = 'LE001',
+                  HINT = 'Roll back: a leader that lost its lease must not write.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence_named(text, bigint) IS
+$$Guard for a leader's own transaction: succeeds (returning lease_until) only while EPOCH is the current,
+unexpired hold on NAME, and locks it until the transaction ends so no new holder can be elected before
+the leader's writes commit. Errors: LE001 not held (roll back); 22004 an argument NULL; 22023 name invalid.$$;

@@ -1,0 +1,198 @@
+-- Queues and the way work enters and leaves them without a lease:
+-- create_queue, drop_queue, enqueue, enqueue_batch, cancel.
+
+CREATE FUNCTION lease.create_queue(
+    name           text,
+    max_attempts   integer  DEFAULT 25,
+    backoff_base   interval DEFAULT '1 second',
+    backoff_max    interval DEFAULT '1 hour',
+    retention      interval DEFAULT '0',
+    dead_retention interval DEFAULT '7 days'
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease.checked_not_null(name, 'name');
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF backoff_base IS NULL OR backoff_max IS NULL OR backoff_base < interval '0' OR backoff_max < backoff_base THEN
+        RAISE EXCEPTION 'need 0 <= backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF retention IS NULL OR dead_retention IS NULL OR retention < interval '0' OR dead_retention < interval '0' THEN
+        RAISE EXCEPTION 'retention and dead_retention must be >= 0' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Create or reconfigure: every replica can call this at start-up.
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
+    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
+    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
+        SET max_attempts   = EXCLUDED.max_attempts,
+            backoff_base   = EXCLUDED.backoff_base,
+            backoff_max    = EXCLUDED.backoff_max,
+            retention      = EXCLUDED.retention,
+            dead_retention = EXCLUDED.dead_retention;
+END
+$$;
+
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
+$$Creates queue NAME, or updates the policy of an existing one.
+max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
+backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)).
+retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
+Errors: 22004 name NULL; 22023 empty or over-long name, option out of range.$$;
+
+CREATE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    removed bigint;
+BEGIN
+    PERFORM lease.checked_queue(name);
+    -- Lock the queue row first: enqueue's foreign key check waits on it, so no
+    -- row can slip in between the check below and the delete.
+    PERFORM FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE;
+    IF NOT coalesce(force, false) AND EXISTS (
+        SELECT FROM lease.job j
+         WHERE j.queue = drop_queue.name AND j.state IN ('pending', 'leased'))
+    THEN
+        RAISE EXCEPTION 'queue "%" still has pending or leased rows', name
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Pass force => true to delete them with the queue.';
+    END IF;
+    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.drop_queue(text, boolean) IS
+$$Drops queue NAME and all its rows; returns how many rows were deleted.
+Refuses while rows are pending or leased unless force => true.
+Errors: 22004 name NULL; 42704 no such queue; 55006 unfinished rows and force is false.$$;
+
+CREATE FUNCTION lease.enqueue(
+    queue    text,
+    payload  jsonb,
+    key      text        DEFAULT NULL,
+    run_at   timestamptz DEFAULT NULL,
+    priority integer     DEFAULT 0
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- ON CONFLICT (queue, key) names columns, not this function's arguments.
+#variable_conflict use_column
+DECLARE
+    q  constant text := lease.checked_queue(queue);
+    p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    t  constant timestamptz := clock_timestamp();
+    new_id bigint;
+BEGIN
+    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
+    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(run_at, t), t)
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        -- Same (queue, key) already there: hand back its id, change nothing.
+        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
+    END IF;
+    RETURN new_id;
+END
+$$;
+
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
+$$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
+Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
+returns the existing row's id and changes nothing (for as long as that row is retained).
+Errors: 22004 queue or payload NULL; 42704 no such queue; 22P02 payload is not valid JSON.$$;
+
+CREATE FUNCTION lease.enqueue_batch(
+    queue    text,
+    payloads jsonb[],
+    keys     text[]      DEFAULT NULL,
+    run_at   timestamptz DEFAULT NULL,
+    priority integer     DEFAULT 0
+) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- ON CONFLICT (queue, key) names columns, not this function's arguments.
+#variable_conflict use_column
+DECLARE
+    q  constant text := lease.checked_queue(queue);
+    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    t  constant timestamptz := clock_timestamp();
+    ids bigint[];
+BEGIN
+    IF keys IS NOT NULL AND cardinality(keys) <> n THEN
+        RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF n > 100000 THEN
+        RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(payloads, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    -- Ids are drawn up front so that the result can be returned in input
+    -- order, including for rows without a key.
+    ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
+    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
+    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(run_at, t), t
+      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
+     ORDER BY u.ord
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+
+    -- A new statement sees the rows just inserted, so keys that collided (with
+    -- an older row or earlier in this batch) resolve to the row that won.
+    RETURN QUERY
+    SELECT CASE WHEN u.k IS NULL THEN u.id
+                ELSE (SELECT j.id FROM lease.job j WHERE j.queue = q AND j.key = u.k) END
+      FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, ord)
+     ORDER BY u.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
+$$Adds many rows to QUEUE in one statement and returns their ids in input order.
+keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs or more than 100000 rows; 42704 no such queue.$$;
+
+CREATE FUNCTION lease.cancel(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    result text;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id');
+    UPDATE lease.job j
+       SET cancel_requested = true,
+           state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
+     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
+      INTO result;
+    IF result IS NULL THEN
+        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+    END IF;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION lease.cancel(bigint) IS
+$$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
+but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
+expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
+returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL.$$;

@@ -1,0 +1,87 @@
+-- Housekeeping: recover expired leases (reap) and drop finished rows past
+-- their queue's retention (purge). Both are bounded and skip rows that others
+-- hold locked, so they never wait on a claimer, a renewer or a fence.
+
+CREATE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+BEGIN
+    RETURN QUERY
+    WITH expired AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.state = 'leased' AND j.lease_until <= t
+         ORDER BY j.lease_until
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    ), recovered AS (
+        -- An expiry is a retry that nobody reported: same accounting as
+        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
+        UPDATE lease.job j
+           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts),
+               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
+                                  THEN t END,
+               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
+               epoch       = j.epoch + 1,
+               lease_until = NULL,
+               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
+          FROM lease.queue q
+         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
+           AND q.name = j.queue
+        RETURNING j.queue, j.state
+    ), counted AS (
+        SELECT r.queue,
+               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
+               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
+               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
+          FROM recovered r
+         GROUP BY r.queue
+    ), totals AS (
+        UPDATE lease.queue q
+           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
+          FROM counted c
+         WHERE q.name = c.queue
+    )
+    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue;
+END
+$$;
+
+COMMENT ON FUNCTION lease.reap(integer) IS
+$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
+how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
+cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
+Rows locked by others are skipped. Run it from any scheduler; the pg_lease background worker calls it too.
+Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    removed bigint;
+BEGIN
+    WITH old AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
+         WHERE j.state IN ('done', 'dead', 'cancelled')
+           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
+         LIMIT n
+           FOR UPDATE OF j SKIP LOCKED
+    )
+    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.purge(integer) IS
+$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
+(dead and cancelled rows) and returns how many. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;

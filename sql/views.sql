@@ -1,0 +1,47 @@
+-- Observability. Times are measured with the database clock.
+
+CREATE VIEW lease.queue_stats AS
+SELECT q.name AS queue,
+       count(j.id) FILTER (WHERE j.state = 'pending')                                   AS pending,
+       count(j.id) FILTER (WHERE j.state = 'pending' AND j.next_at <= clock_timestamp()) AS ready,
+       count(j.id) FILTER (WHERE j.state = 'leased')                                    AS leased,
+       count(j.id) FILTER (WHERE j.state = 'leased' AND j.lease_until <= clock_timestamp()) AS expired,
+       count(j.id) FILTER (WHERE j.state = 'done')                                      AS done,
+       count(j.id) FILTER (WHERE j.state = 'dead')                                      AS dead,
+       count(j.id) FILTER (WHERE j.state = 'cancelled')                                 AS cancelled,
+       clock_timestamp() - min(j.next_at) FILTER (WHERE j.state = 'pending' AND j.next_at <= clock_timestamp())
+                                                                                        AS oldest_ready_age,
+       q.recovered_total
+  FROM lease.queue q
+  LEFT JOIN lease.job j ON j.queue = q.name
+ GROUP BY q.name, q.recovered_total;
+
+COMMENT ON VIEW lease.queue_stats IS
+    'Per queue: rows by state, how many are claimable now (ready), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
+
+CREATE VIEW lease.in_flight AS
+SELECT j.id, j.queue, j.key, j.owner, j.epoch, j.attempt, j.lease_until,
+       j.lease_until - clock_timestamp() AS remaining,
+       j.cancel_requested
+  FROM lease.job j
+ WHERE j.state = 'leased';
+
+COMMENT ON VIEW lease.in_flight IS
+    'Leased rows with their owner, fencing epoch and remaining time (negative: expired, waiting for reap).';
+
+CREATE VIEW lease.dead_letters AS
+SELECT j.id, j.queue, j.key, j.payload, j.attempt, j.last_error, j.finished_at
+  FROM lease.job j
+ WHERE j.state = 'dead';
+
+COMMENT ON VIEW lease.dead_letters IS
+    'Rows that failed for good (outcome fail, or attempts reached max_attempts), with their last error.';
+
+CREATE VIEW lease.holders AS
+SELECT n.name, n.owner, n.epoch, n.acquired_at, n.lease_until,
+       n.lease_until - clock_timestamp() AS remaining
+  FROM lease.named_lease n
+ WHERE n.lease_until > clock_timestamp();
+
+COMMENT ON VIEW lease.holders IS
+    'Current holders of named leases (leaders, singletons).';
