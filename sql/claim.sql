@@ -8,6 +8,12 @@ CREATE FUNCTION lease.claim_pending(
 ) RETURNS SETOF lease.claim
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Without this, plpgsql re-plans the claim on every call: the custom plan for
+-- a small LIMIT always looks cheaper than the generic one (measured: 20016
+-- plans for 20000 calls, ~95 us each, 0.73x vs 0.56x of hand-written SQL at
+-- batch 1). The generic plan was checked with EXPLAIN at 10^6 pending rows:
+-- index scan on job_ready, then primary-key lookups.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n constant integer := lease.checked_limit("limit");

@@ -53,7 +53,7 @@ BEGIN
         UPDATE lease.job j
            SET lease_until = clock_timestamp() + d
           FROM wanted w
-         WHERE j.id = w.id AND j.epoch = w.epoch AND j.owner = o
+         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND j.owner = o
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
         RETURNING j.id, j.lease_until, j.cancel_requested
     )
@@ -189,12 +189,17 @@ BEGIN
         WITH deleted AS (
             DELETE FROM lease.job j
              USING unnest(ids, epochs) AS u(id, epoch), lease.queue q
-             WHERE j.id = u.id AND j.epoch = u.epoch AND j.owner = o
+             WHERE j.id = ANY (ids) AND j.id = u.id AND j.epoch = u.epoch AND j.owner = o
                AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0'
             RETURNING j.id
         )
         SELECT coalesce(array_agg(d.id), '{}') INTO gone FROM deleted d;
+        IF cardinality(gone) = cardinality(ids) THEN
+            -- The common case (all completions accepted): skip the UPDATE.
+            RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
+            RETURN;
+        END IF;
     END IF;
 
     RETURN QUERY
@@ -212,7 +217,7 @@ BEGIN
                lease_until = NULL,
                last_error  = coalesce(error, j.last_error)
           FROM wanted w, lease.queue q
-         WHERE j.id = w.id AND j.epoch = w.epoch AND j.owner = o
+         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND j.owner = o
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
         RETURNING j.id

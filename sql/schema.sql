@@ -64,9 +64,11 @@ COMMENT ON TABLE lease.job IS
 -- The claim path: pending rows of one queue in claim order.
 CREATE INDEX job_ready ON lease.job (queue, priority DESC, next_at, id)
     WHERE state = 'pending';
--- The reap path and "what does this owner hold". Deliberately not on
--- lease_until, so that renewals do not touch any index.
-CREATE INDEX job_leased ON lease.job (owner)
+-- The reap path: all leased rows, few at any time. Keyed on id, not on
+-- lease_until (renewals must not touch any index, to stay HOT) and not on
+-- owner (a long-lived owner's entries pile up as dead index tuples, and
+-- release/renew would walk them; measured: 53 ms per 50-row release).
+CREATE INDEX job_leased ON lease.job (id)
     WHERE state = 'leased';
 -- Idempotent enqueue.
 CREATE UNIQUE INDEX job_key ON lease.job (queue, key)
