@@ -4,7 +4,7 @@
 --                 cancel, named leases. Cannot read or write the tables
 --                 directly, so it can act only through the fenced functions.
 --   lease_admin   operators: everything lease_worker can, plus creating and
---                 dropping queues, reap, purge and the monitoring views.
+--                 dropping queues, reap, purge, sweep and the monitoring views.
 --
 -- Both are NOLOGIN group roles: GRANT them to your login roles. PUBLIC gets
 -- nothing: no schema usage, no function, no table. Roles are cluster-wide and
@@ -53,8 +53,9 @@ GRANT EXECUTE ON FUNCTION
     lease.create_queue(text, integer, interval, interval, interval, interval),
     lease.drop_queue(text, boolean),
     lease.reap(integer),
-    lease.purge(integer)
+    lease.purge(integer),
+    lease.sweep(integer)
 TO lease_admin;
 
-GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.queue
+GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats, lease.queue
 TO lease_admin;

@@ -105,6 +105,8 @@ BEGIN
     IF new_id IS NULL THEN
         -- Same (queue, key) already there: hand back its id, change nothing.
         SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
+    ELSIF coalesce(run_at, t) <= t THEN
+        PERFORM pg_notify('pg_lease_ready', q);
     END IF;
     RETURN new_id;
 END
@@ -114,6 +116,7 @@ COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
 returns the existing row's id and changes nothing (for as long as that row is retained).
+A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
 Errors: 22004 queue or payload NULL; 42704 no such queue; 22P02 payload is not valid JSON.$$;
 
 CREATE FUNCTION lease.enqueue_batch(
@@ -153,6 +156,9 @@ BEGIN
       FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
      ORDER BY u.ord
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    IF n > 0 AND coalesce(run_at, t) <= t THEN
+        PERFORM pg_notify('pg_lease_ready', q);
+    END IF;
 
     -- A new statement sees the rows just inserted, so keys that collided (with
     -- an older row or earlier in this batch) resolve to the row that won.

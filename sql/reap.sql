@@ -11,8 +11,9 @@ AS $$
 DECLARE
     n constant integer := lease.checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
+    r record;
 BEGIN
-    RETURN QUERY
+    FOR r IN
     WITH expired AS MATERIALIZED (
         SELECT j.id
           FROM lease.job j
@@ -48,7 +49,19 @@ BEGIN
           FROM counted c
          WHERE q.name = c.queue
     )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue;
+    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
+    LOOP
+        queue := r.queue;
+        requeued := r.requeued;
+        dead := r.dead;
+        cancelled := r.cancelled;
+        -- Idle workers LISTENing on the channel wake up instead of polling;
+        -- at most one notification per queue and sweep.
+        IF requeued > 0 THEN
+            PERFORM pg_notify('pg_lease_ready', queue);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -56,7 +69,8 @@ COMMENT ON FUNCTION lease.reap(integer) IS
 $$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
 how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
 cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
-Rows locked by others are skipped. Run it from any scheduler; the pg_lease background worker calls it too.
+Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
+that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
 CREATE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint

@@ -2,8 +2,15 @@
 //!
 //! The SQL surface lives in `sql/` at the top of the repository, one file per
 //! concept, and is pulled into the extension script here in dependency order.
-//! Rust adds what SQL cannot: for now only the module itself; background
-//! workers (reapers) come with their own module.
+//! Rust adds what SQL cannot: the background reaper ([`launcher`] and
+//! [`sweeper`]) and its [`settings`], active when the library is in
+//! `shared_preload_libraries`.
+
+use pgrx::prelude::*;
+
+pub mod launcher;
+pub mod settings;
+pub mod sweeper;
 
 ::pgrx::pg_module_magic!();
 
@@ -16,7 +23,19 @@ pgrx::extension_sql_file!("../../sql/fence.sql", name = "fence", requires = ["ch
 pgrx::extension_sql_file!("../../sql/named.sql", name = "named", requires = ["check"]);
 pgrx::extension_sql_file!("../../sql/reap.sql", name = "reap", requires = ["check"]);
 pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
+pgrx::extension_sql_file!("../../sql/sweep.sql", name = "sweep", requires = ["reap"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
+
+/// Loads the background reaper when preloaded; does nothing otherwise, so
+/// `CREATE EXTENSION` works without preloading.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    settings::define();
+    launcher::register();
+}
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;

@@ -695,6 +695,38 @@ mod tests {
         assert_eq!(sqlstate("SELECT lease.purge(0)"), "22023");
     }
 
+    #[pg_test]
+    fn sweep_reaps_purges_and_counts() {
+        run("SELECT lease.create_queue('q', retention => '0', backoff_base => '0', backoff_max => '0')");
+        run("SELECT lease.enqueue_batch('q', array_fill('{}'::jsonb, ARRAY[3]))");
+        run("SELECT lease.claim_pending(3, '10 milliseconds', 'w', 'q')");
+        run("SELECT pg_sleep(0.05)");
+        assert!(check(
+            "SELECT recovered = 3 AND purged = 0 FROM lease.sweep()"
+        ));
+        assert!(check(
+            "SELECT sweeps = 1 AND recovered = 3 AND last_error IS NULL AND last_sweep_at IS NOT NULL
+               FROM lease.reaper_stats"
+        ));
+        assert_eq!(sqlstate("SELECT lease.sweep(0)"), "22023");
+    }
+
+    #[pg_test]
+    fn a_failing_sweep_records_its_error_and_changes_nothing_else() {
+        // A backoff so long that next_at overflows timestamptz: reap fails.
+        run("SELECT lease.create_queue('q', backoff_base => '1000000 years', backoff_max => '1000000 years')");
+        let id = int("SELECT lease.enqueue('q', '{}')");
+        run("SELECT lease.claim_pending(1, '10 milliseconds', 'w', 'q')");
+        run("SELECT pg_sleep(0.05)");
+        assert!(check("SELECT recovered = 0 FROM lease.sweep()"));
+        assert!(check(
+            "SELECT sweeps = 1 AND last_error LIKE '22008:%' AND last_error_at IS NOT NULL FROM lease.reaper_stats"
+        ));
+        assert!(check(&format!(
+            "SELECT state = 'leased' FROM lease.job WHERE id = {id}"
+        )));
+    }
+
     // ---- cancel -------------------------------------------------------------
 
     #[pg_test]

@@ -1,0 +1,89 @@
+//! The `lease.*` settings (GUCs) of the background reaper.
+//!
+//! They exist only when pg_lease is in `shared_preload_libraries`; the SQL
+//! surface needs none of them. All but `lease.database` reload on SIGHUP
+//! (`SELECT pg_reload_conf()`).
+
+use std::ffi::{CStr, CString};
+use std::time::Duration;
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+/// `lease.reaper_enabled`: whether the launcher sweeps at all.
+pub static REAPER_ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// `lease.sweep_interval` (ms): pause between two passes over all databases.
+/// With the default, an expired lease is recovered about one second after
+/// its expiry.
+pub static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// `lease.sweep_batch`: rows reaped or purged per transaction; a sweep runs
+/// at most [`MAX_BATCHES_PER_SWEEP`] such transactions per database.
+pub static SWEEP_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// `lease.database`: where the launcher connects to list databases. It
+/// stays connected, so that database cannot be dropped while the server
+/// runs with pg_lease preloaded.
+pub static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+
+/// Upper bound on transactions per database and pass, so one busy database
+/// cannot starve the others.
+pub const MAX_BATCHES_PER_SWEEP: usize = 10;
+
+/// Registers the settings; call only while shared_preload_libraries is
+/// being processed.
+pub fn define() {
+    GucRegistry::define_bool_guc(
+        c"lease.reaper_enabled",
+        c"Whether pg_lease's background reaper sweeps databases.",
+        c"When off, expired leases are recovered only by explicit calls to lease.sweep() or lease.reap().",
+        &REAPER_ENABLED,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"lease.sweep_interval",
+        c"Pause between two reaper passes over all databases.",
+        c"Expired leases are recovered within about this long after they expire.",
+        &SWEEP_INTERVAL_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"lease.sweep_batch",
+        c"Rows the reaper recovers or purges per transaction.",
+        c"Each database gets at most 10 such transactions per pass.",
+        &SWEEP_BATCH,
+        1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"lease.database",
+        c"Database the pg_lease launcher connects to in order to list databases.",
+        c"The launcher stays connected to it; choose one that is never dropped.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"lease".as_ptr()) };
+}
+
+/// The current `lease.sweep_interval`.
+pub fn sweep_interval() -> Duration {
+    Duration::from_millis(u64::try_from(SWEEP_INTERVAL_MS.get()).unwrap_or(1000))
+}
+
+/// The current `lease.database`, `postgres` if unset.
+pub fn database() -> String {
+    DATABASE
+        .get()
+        .as_deref()
+        .and_then(|name: &CStr| name.to_str().ok())
+        .unwrap_or("postgres")
+        .to_owned()
+}

@@ -1,0 +1,91 @@
+//! The sweeper: a short-lived background worker that runs `lease.sweep()`
+//! in one database, in a few bounded transactions, and exits.
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::prelude::*;
+
+use crate::settings;
+
+/// `backend_type` of a sweeper in `pg_stat_activity`.
+pub const SWEEPER_TYPE: &str = "pg_lease reaper";
+
+/// Starts a sweeper for database `oid` and waits until it is done. Called by
+/// the launcher, one database at a time.
+pub fn sweep(oid: pg_sys::Oid, name: &str) {
+    let started = BackgroundWorkerBuilder::new(&format!("{SWEEPER_TYPE} {name}"))
+        .set_type(SWEEPER_TYPE)
+        .set_library("pg_lease")
+        .set_function("pg_lease_sweeper_main")
+        .set_argument(oid.into_datum())
+        .enable_spi_access()
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic();
+    match started {
+        // A sweeper that fails (ERROR, FATAL, terminated) affects only its
+        // own database; the launcher moves on to the next one.
+        Ok(worker) => {
+            let _ = worker.wait_for_shutdown();
+        }
+        Err(_) => warning!(
+            "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
+        ),
+    }
+}
+
+/// Entry point of a sweeper process; the argument is the database's oid.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
+    let Some(oid) = (unsafe { pg_sys::Oid::from_datum(arg, false) }) else {
+        return;
+    };
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
+    let batch = settings::SWEEP_BATCH.get();
+    for _ in 0..settings::MAX_BATCHES_PER_SWEEP {
+        // One short transaction per batch: its timestamps are fresh and it
+        // holds row locks only briefly.
+        let full = BackgroundWorker::transaction(|| sweep_once(batch));
+        if !full || BackgroundWorker::sigterm_received() {
+            break;
+        }
+    }
+}
+
+/// Runs one `lease.sweep(batch)` if this database has pg_lease; returns
+/// whether a batch came back full (so another one may be worth running).
+fn sweep_once(batch: i32) -> bool {
+    let outcome = Spi::connect_mut(|client| {
+        let installed = client
+            .select(
+                "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_lease')",
+                None,
+                &[],
+            )?
+            .first()
+            .get_one::<bool>()?;
+        if installed != Some(true) {
+            return Ok(false);
+        }
+        // A sweep never waits on rows (SKIP LOCKED); these bound the rest.
+        client.update(
+            "SET LOCAL lock_timeout = '5s'; SET LOCAL statement_timeout = '60s'",
+            None,
+            &[],
+        )?;
+        let (recovered, purged) = client
+            .update(
+                "SELECT recovered, purged FROM lease.sweep($1)",
+                None,
+                &[batch.into()],
+            )?
+            .first()
+            .get_two::<i64, i64>()?;
+        let batch = i64::from(batch);
+        Ok(recovered.unwrap_or(0) >= batch || purged.unwrap_or(0) >= batch)
+    });
+    outcome.unwrap_or_else(|e: pgrx::spi::Error| {
+        warning!("pg_lease sweeper: {e}");
+        false
+    })
+}

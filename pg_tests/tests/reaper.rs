@@ -1,0 +1,345 @@
+//! The background reaper against real clusters started with
+//! `shared_preload_libraries = 'pg_lease'`: nothing but the server itself
+//! recovers expired leases here; no test calls `lease.reap()`.
+//!
+//! Broken on purpose: with the launcher not starting sweepers, every test
+//! here failed; with the launcher exiting with code 0 on SIGTERM (so the
+//! postmaster does not restart it), `a_terminated_launcher_comes_back` failed.
+
+use std::future::poll_fn;
+use std::time::{Duration, Instant};
+
+use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+/// A cluster with the reaper on and sweeping every 100 ms.
+fn preloaded() -> Cluster {
+    Cluster::start_with(ClusterConfig {
+        extra_conf: vec![
+            "shared_preload_libraries = 'pg_lease'".into(),
+            "lease.sweep_interval = '100ms'".into(),
+        ],
+        ..Default::default()
+    })
+}
+
+async fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(client: &Client, sql: &str) -> T {
+    client
+        .query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}
+
+/// Polls `sql` (a boolean) until it is true; returns how long that took.
+async fn eventually(client: &Client, sql: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if scalar::<bool>(client, sql).await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "not true within {within:?}: {sql}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Claims one row of `queue` with the given ttl; returns (id, epoch).
+async fn claim_one(client: &Client, queue: &str, ttl: &str) -> (i64, i64) {
+    let row = client
+        .query_one(
+            &format!("SELECT id, epoch FROM lease.claim_pending(1, '{ttl}', 'crashed', '{queue}')"),
+            &[],
+        )
+        .await
+        .expect("a claimable row");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_recovered_by_the_server_alone() {
+    let cluster = preloaded();
+    let client = cluster.connect().await;
+    client
+        .batch_execute("SELECT lease.create_queue('q', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('q', '{}')")
+        .await
+        .expect("setup");
+    let (id, epoch) = claim_one(&client, "q", "300 milliseconds").await;
+    // The claimer "crashes": it never renews or releases.
+    let took = eventually(
+        &client,
+        &format!("SELECT state = 'pending' FROM lease.job WHERE id = {id}"),
+        Duration::from_secs(5),
+    )
+    .await;
+    // ttl + sweep interval + slack for a loaded 2-core machine.
+    assert!(
+        took < Duration::from_millis(300 + 100 + 1500),
+        "recovered after {took:?}"
+    );
+    let row = client
+        .query_one(
+            "SELECT epoch, attempt, last_error FROM lease.job WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .expect("row");
+    assert_eq!(
+        row.get::<_, i64>(0),
+        epoch + 1,
+        "epoch bumped: the crashed owner is fenced"
+    );
+    assert_eq!(row.get::<_, i32>(1), 1, "the attempt stays counted");
+    assert!(row.get::<_, String>(2).starts_with("lease expired"));
+    assert!(scalar::<i64>(&client, "SELECT recovered FROM lease.reaper_stats").await >= 1);
+    assert!(
+        cluster.server_log().contains("back to pending"),
+        "the recovery is logged"
+    );
+}
+
+#[tokio::test]
+async fn databases_created_later_are_swept_and_can_be_dropped() {
+    let cluster = preloaded();
+    let admin = cluster.connect_to("postgres", "postgres").await;
+    admin
+        .batch_execute("CREATE DATABASE later")
+        .await
+        .expect("create database");
+    let later = cluster.connect_to("later", "postgres").await;
+    later
+        .batch_execute("CREATE EXTENSION pg_lease; SELECT lease.enqueue('default', '{}')")
+        .await
+        .expect("extension in the new database");
+    let (id, _) = claim_one(&later, "default", "200 milliseconds").await;
+    eventually(
+        &later,
+        &format!("SELECT state = 'pending' FROM lease.job WHERE id = {id}"),
+        Duration::from_secs(5),
+    )
+    .await;
+    drop(later);
+
+    // A plain DROP DATABASE while the reaper keeps sweeping: never blocked
+    // for good (it waits at most 5 s for sessions to leave, sweepers live
+    // for milliseconds).
+    for _ in 0..3 {
+        admin
+            .batch_execute("CREATE DATABASE doomed")
+            .await
+            .expect("create");
+        let doomed = cluster.connect_to("doomed", "postgres").await;
+        doomed
+            .batch_execute("CREATE EXTENSION pg_lease")
+            .await
+            .expect("extension");
+        eventually(
+            &doomed,
+            "SELECT sweeps > 2 FROM lease.reaper_stats",
+            Duration::from_secs(5),
+        )
+        .await;
+        drop(doomed);
+        admin
+            .batch_execute("DROP DATABASE doomed")
+            .await
+            .expect("DROP DATABASE while the reaper runs");
+    }
+    // And CREATE DATABASE (template1 is never connected to) keeps working.
+    let dbs = scalar::<i64>(
+        &admin,
+        "SELECT count(*) FROM pg_database WHERE datname IN ('later', 'doomed')",
+    )
+    .await;
+    assert_eq!(dbs, 1);
+}
+
+#[tokio::test]
+async fn a_terminated_launcher_comes_back() {
+    let cluster = preloaded();
+    let client = cluster.connect().await;
+    let launcher = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_lease launcher'";
+    eventually(
+        &client,
+        &format!("SELECT EXISTS ({launcher})"),
+        Duration::from_secs(5),
+    )
+    .await;
+    let old: i32 = scalar(&client, launcher).await;
+    let killed: bool = scalar(&client, &format!("SELECT pg_terminate_backend({old})")).await;
+    assert!(killed);
+    eventually(
+        &client,
+        &format!("SELECT EXISTS ({launcher} AND pid <> {old})"),
+        Duration::from_secs(10),
+    )
+    .await;
+    // And it sweeps again.
+    let before: i64 = scalar(&client, "SELECT sweeps FROM lease.reaper_stats").await;
+    eventually(
+        &client,
+        &format!("SELECT sweeps > {before} FROM lease.reaper_stats"),
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn poison_work_is_dead_lettered_and_cancelled_work_stays_cancelled() {
+    let cluster = preloaded();
+    let client = cluster.connect().await;
+    client
+        .batch_execute(
+            "SELECT lease.create_queue('q', max_attempts => 2, backoff_base => '0', backoff_max => '0');
+             SELECT lease.enqueue('q', '{\"poison\": true}');",
+        )
+        .await
+        .expect("setup");
+    // Two claimers crash on the poison row, one after the other.
+    for attempt in 1..=2 {
+        let (id, _) = claim_one(&client, "q", "150 milliseconds").await;
+        let want = if attempt == 1 { "pending" } else { "dead" };
+        eventually(
+            &client,
+            &format!("SELECT state = '{want}' FROM lease.job WHERE id = {id}"),
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+    assert_eq!(
+        scalar::<i64>(&client, "SELECT count(*) FROM lease.dead_letters").await,
+        1
+    );
+
+    client
+        .batch_execute("SELECT lease.enqueue('q', '{}')")
+        .await
+        .expect("enqueue");
+    let (id, _) = claim_one(&client, "q", "300 milliseconds").await;
+    let said: String = scalar(&client, &format!("SELECT lease.cancel({id})")).await;
+    assert_eq!(said, "cancel_requested");
+    eventually(
+        &client,
+        &format!("SELECT state = 'cancelled' FROM lease.job WHERE id = {id}"),
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn finished_rows_are_purged_after_retention() {
+    let cluster = preloaded();
+    let client = cluster.connect().await;
+    client
+        .batch_execute("SELECT lease.create_queue('q', retention => '200 milliseconds'); SELECT lease.enqueue('q', '{}')")
+        .await
+        .expect("setup");
+    let (id, epoch) = claim_one(&client, "q", "1 minute").await;
+    let done: bool = scalar(
+        &client,
+        &format!("SELECT lease.release({id}, 'crashed', {epoch})"),
+    )
+    .await;
+    assert!(done);
+    assert_eq!(
+        scalar::<i64>(
+            &client,
+            &format!("SELECT count(*) FROM lease.job WHERE id = {id}")
+        )
+        .await,
+        1
+    );
+    eventually(
+        &client,
+        &format!("SELECT NOT EXISTS (SELECT FROM lease.job WHERE id = {id})"),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(scalar::<i64>(&client, "SELECT purged FROM lease.reaper_stats").await >= 1);
+}
+
+#[tokio::test]
+async fn listeners_are_notified_when_expired_work_is_claimable_again() {
+    let cluster = preloaded();
+    let client = cluster.connect().await;
+    client
+        .batch_execute("SELECT lease.create_queue('wake', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('wake', '{}')")
+        .await
+        .expect("setup");
+    let (id, _) = claim_one(&client, "wake", "300 milliseconds").await;
+
+    let (listener, mut connection) = tokio_postgres::connect(&cluster.conn_string(TEST_DB), NoTls)
+        .await
+        .expect("listener connection");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(n) = message {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN pg_lease_ready")
+        .await
+        .expect("LISTEN");
+
+    let (channel, payload) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("a notification within 5 s")
+        .expect("the listener is alive");
+    assert_eq!(
+        (channel.as_str(), payload.as_str()),
+        ("pg_lease_ready", "wake")
+    );
+    assert!(
+        scalar::<bool>(
+            &client,
+            &format!("SELECT state = 'pending' FROM lease.job WHERE id = {id}")
+        )
+        .await
+    );
+}
+
+#[tokio::test]
+async fn settings_reload_on_sighup() {
+    let cluster = preloaded();
+    let admin = cluster.connect_to("postgres", "postgres").await;
+    let client = cluster.connect().await;
+    eventually(
+        &client,
+        "SELECT sweeps > 0 FROM lease.reaper_stats",
+        Duration::from_secs(5),
+    )
+    .await;
+
+    for sql in [
+        "ALTER SYSTEM SET lease.reaper_enabled = off",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect(sql);
+    }
+    // Let a pass that was already under way finish, then expect silence.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let paused: i64 = scalar(&client, "SELECT sweeps FROM lease.reaper_stats").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        scalar::<i64>(&client, "SELECT sweeps FROM lease.reaper_stats").await,
+        paused
+    );
+
+    for sql in [
+        "ALTER SYSTEM SET lease.reaper_enabled = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect(sql);
+    }
+    eventually(
+        &client,
+        &format!("SELECT sweeps > {paused} FROM lease.reaper_stats"),
+        Duration::from_secs(5),
+    )
+    .await;
+}
