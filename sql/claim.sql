@@ -21,6 +21,7 @@ DECLARE
     o constant text := lease.checked_owner(owner);
     q constant text := lease.checked_not_null(queue, 'queue');
     t constant timestamptz := clock_timestamp();
+    f constant bigint := lease.epoch_floor();
 BEGIN
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
@@ -42,7 +43,7 @@ BEGIN
     UPDATE lease.job j
        SET state       = 'leased',
            owner       = o,
-           epoch       = j.epoch + 1,
+           epoch       = greatest(j.epoch + 1, f),
            attempt     = j.attempt + 1,
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
@@ -59,6 +60,7 @@ COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
 $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
 token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
 in order of priority (highest first), next-eligible time, id; rows locked by others are skipped,
-never waited for. Every claim gives the row an epoch greater than any it had before.
+never waited for. Every claim gives the row an epoch greater than any it had before, also across a
+standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue.$$;

@@ -27,18 +27,20 @@ DECLARE
     nm constant text := lease.checked_name(name);
     o  constant text := lease.checked_owner(owner);
     d  constant interval := lease.checked_ttl(ttl);
+    f  constant bigint := lease.epoch_floor();
     got bigint;
 BEGIN
     INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
-    VALUES (nm, o, 1, clock_timestamp() + d, clock_timestamp())
+    VALUES (nm, o, f, clock_timestamp() + d, clock_timestamp())
     ON CONFLICT (name) DO UPDATE
         SET owner       = EXCLUDED.owner,
-            epoch       = n.epoch + 1,
+            epoch       = greatest(n.epoch + 1, f),
             lease_until = clock_timestamp() + d,
             acquired_at = clock_timestamp()
-        -- Free, or held by this owner name (a restarted process): either way a
-        -- new epoch is issued, which fences every earlier holder.
-        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
+        -- Free, held by this owner name (a restarted process), or issued
+        -- before a promotion: in each case a new epoch fences every earlier
+        -- holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner OR n.epoch < f
     RETURNING n.epoch INTO got;
     RETURN got;
 END
@@ -46,7 +48,7 @@ $$;
 
 COMMENT ON FUNCTION lease.try_acquire(text, text, interval) IS
 $$Takes named lease NAME for OWNER for TTL if it is free, expired, or already OWNER's, and returns its
-new epoch (greater than every epoch ever issued for NAME); returns NULL if someone else holds it.
+new epoch (greater than every epoch ever issued for NAME, also across a standby promotion); returns NULL if someone else holds it.
 Errors: 22004 an argument NULL; 22023 name or owner empty or too long, ttl not in (0, 1 day].$$;
 
 CREATE FUNCTION lease.renew_named(name text, owner text, epoch bigint, ttl interval) RETURNS timestamptz
@@ -57,12 +59,13 @@ DECLARE
     nm constant text := lease.checked_name(name);
     o  constant text := lease.checked_owner(owner);
     d  constant interval := lease.checked_ttl(ttl);
+    f  constant bigint := lease.epoch_floor();
     until timestamptz;
 BEGIN
     PERFORM lease.checked_not_null(epoch, 'epoch');
     UPDATE lease.named_lease n
        SET lease_until = clock_timestamp() + d
-     WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch
+     WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch AND renew_named.epoch >= f
        AND n.lease_until > clock_timestamp()
     RETURNING n.lease_until INTO until;
     RETURN until;
@@ -81,12 +84,13 @@ AS $$
 DECLARE
     nm constant text := lease.checked_name(name);
     o  constant text := lease.checked_owner(owner);
+    f  constant bigint := lease.epoch_floor();
 BEGIN
     PERFORM lease.checked_not_null(epoch, 'epoch');
     -- Expire rather than delete: the row carries the epoch forward.
     UPDATE lease.named_lease n
        SET lease_until = clock_timestamp()
-     WHERE n.name = nm AND n.owner = o AND n.epoch = release_named.epoch
+     WHERE n.name = nm AND n.owner = o AND n.epoch = release_named.epoch AND release_named.epoch >= f
        AND n.lease_until > clock_timestamp();
     RETURN FOUND;
 END
@@ -102,12 +106,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     nm constant text := lease.checked_name(name);
+    f  constant bigint := lease.epoch_floor();
     until timestamptz;
 BEGIN
     PERFORM lease.checked_not_null(epoch, 'epoch');
     SELECT n.lease_until INTO until
       FROM lease.named_lease n
-     WHERE n.name = nm AND n.epoch = fence_named.epoch AND n.lease_until > clock_timestamp()
+     WHERE n.name = nm AND n.epoch = fence_named.epoch AND fence_named.epoch >= f
+       AND n.lease_until > clock_timestamp()
        FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'named lease "%" at epoch % is not held', name, epoch

@@ -11,13 +11,15 @@ AS $$
 DECLARE
     n constant integer := lease.checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
+    f constant bigint := lease.epoch_floor();
     r record;
 BEGIN
     FOR r IN
     WITH expired AS MATERIALIZED (
         SELECT j.id
           FROM lease.job j
-         WHERE j.state = 'leased' AND j.lease_until <= t
+         -- Leases issued before a promotion count as expired.
+         WHERE j.state = 'leased' AND (j.lease_until <= t OR j.epoch < f)
          ORDER BY j.lease_until
          LIMIT n
            FOR UPDATE SKIP LOCKED
@@ -29,7 +31,7 @@ BEGIN
                finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
                                   THEN t END,
                next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
-               epoch       = j.epoch + 1,
+               epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
           FROM lease.queue q

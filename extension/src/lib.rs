@@ -8,6 +8,7 @@
 
 use pgrx::prelude::*;
 
+pub mod epoch;
 pub mod launcher;
 pub mod settings;
 pub mod sweeper;

@@ -227,7 +227,7 @@ mod tests {
             0
         );
         assert!(check(
-            "SELECT bool_and(state = 'leased' AND epoch = 1 AND attempt = 1
+            "SELECT bool_and(state = 'leased' AND epoch = lease.epoch_floor() AND attempt = 1
                              AND lease_until > clock_timestamp() + interval '29 seconds'
                              AND lease_until <= clock_timestamp() + interval '30 seconds')
                FROM lease.job"
@@ -727,6 +727,46 @@ mod tests {
         )));
     }
 
+    #[pg_test]
+    fn epochs_start_at_the_timeline_floor() {
+        assert!(check(
+            "SELECT lease.epoch_floor() = (SELECT timeline_id FROM pg_control_checkpoint())::bigint << 40"
+        ));
+        run("SELECT lease.enqueue('default', '{}')");
+        let (_, epoch) = claim_one("w", "1 minute", "default");
+        assert_eq!(epoch, int("SELECT lease.epoch_floor()"));
+    }
+
+    /// What a promoted standby sees: rows leased on the old timeline carry
+    /// epochs below the new floor. Simulated here by lowering the epoch.
+    #[pg_test]
+    fn leases_from_an_earlier_timeline_are_lost_and_reaped() {
+        run("SELECT lease.create_queue('q', backoff_base => '0', backoff_max => '0')");
+        let id = int("SELECT lease.enqueue('q', '{}')");
+        let (_, _) = claim_one("old", "1 hour", "q");
+        let old = int("SELECT lease.epoch_floor()") - 7;
+        run(&format!(
+            "UPDATE lease.job SET epoch = {old} WHERE id = {id}"
+        ));
+
+        assert!(check(&format!(
+            "SELECT NOT held FROM lease.renew({id}, 'old', {old}, '1 minute')"
+        )));
+        assert!(!check(&format!("SELECT lease.release({id}, 'old', {old})")));
+        assert!(!check(&format!(
+            "SELECT lease.fenced_update({id}, {old}, '{{}}')"
+        )));
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fence({id}, {old})")),
+            "LE001"
+        );
+        // Its lease_until is an hour away, yet reap recovers it now.
+        assert_eq!(int("SELECT requeued FROM lease.reap()"), 1);
+        let (again, epoch) = claim_one("new", "1 minute", "q");
+        assert_eq!(again, id);
+        assert!(epoch > int("SELECT lease.epoch_floor()"));
+    }
+
     // ---- cancel -------------------------------------------------------------
 
     #[pg_test]
@@ -786,47 +826,62 @@ mod tests {
 
     #[pg_test]
     fn named_lease_has_one_holder_and_growing_epochs() {
+        let f = int("SELECT lease.epoch_floor()");
         assert_eq!(
             int("SELECT lease.try_acquire('leader', 'a', '1 minute')"),
-            1
+            f
         );
         assert!(check(
             "SELECT lease.try_acquire('leader', 'b', '1 minute') IS NULL"
         ));
-        assert!(check("SELECT lease.renew_named('leader', 'a', 1, '2 minutes') > clock_timestamp() + interval '1 minute'"));
-        assert!(check(
-            "SELECT lease.renew_named('leader', 'b', 1, '2 minutes') IS NULL"
-        ));
+        assert!(check(&format!(
+            "SELECT lease.renew_named('leader', 'a', {f}, '2 minutes') > clock_timestamp() + interval '1 minute'"
+        )));
+        assert!(check(&format!(
+            "SELECT lease.renew_named('leader', 'b', {f}, '2 minutes') IS NULL"
+        )));
         // The same owner name re-acquiring (a restarted process) fences its
         // earlier incarnation.
         assert_eq!(
             int("SELECT lease.try_acquire('leader', 'a', '1 minute')"),
-            2
+            f + 1
         );
-        assert!(check(
-            "SELECT lease.renew_named('leader', 'a', 1, '1 minute') IS NULL"
-        ));
-        assert_eq!(sqlstate("SELECT lease.fence_named('leader', 1)"), "LE001");
-        assert!(check(
-            "SELECT lease.fence_named('leader', 2) > clock_timestamp()"
-        ));
-        assert!(check("SELECT lease.release_named('leader', 'a', 2)"));
-        assert!(!check("SELECT lease.release_named('leader', 'a', 2)"));
+        assert!(check(&format!(
+            "SELECT lease.renew_named('leader', 'a', {f}, '1 minute') IS NULL"
+        )));
+        assert_eq!(
+            sqlstate(&format!("SELECT lease.fence_named('leader', {f})")),
+            "LE001"
+        );
+        assert!(check(&format!(
+            "SELECT lease.fence_named('leader', {}) > clock_timestamp()",
+            f + 1
+        )));
+        assert!(check(&format!(
+            "SELECT lease.release_named('leader', 'a', {})",
+            f + 1
+        )));
+        assert!(!check(&format!(
+            "SELECT lease.release_named('leader', 'a', {})",
+            f + 1
+        )));
         assert_eq!(int("SELECT count(*) FROM lease.holders"), 0);
         assert_eq!(
             int("SELECT lease.try_acquire('leader', 'b', '50 milliseconds')"),
-            3
+            f + 2
         );
-        assert!(check(
-            "SELECT owner = 'b' AND epoch = 3 FROM lease.holders WHERE name = 'leader'"
-        ));
+        assert!(check(&format!(
+            "SELECT owner = 'b' AND epoch = {} FROM lease.holders WHERE name = 'leader'",
+            f + 2
+        )));
         run("SELECT pg_sleep(0.1)");
-        assert!(check(
-            "SELECT lease.renew_named('leader', 'b', 3, '1 minute') IS NULL"
-        ));
+        assert!(check(&format!(
+            "SELECT lease.renew_named('leader', 'b', {}, '1 minute') IS NULL",
+            f + 2
+        )));
         assert_eq!(
             int("SELECT lease.try_acquire('leader', 'c', '1 minute')"),
-            4
+            f + 3
         );
     }
 
