@@ -1,0 +1,151 @@
+//! Opening connections: a [`Connector`] knows how to open a new one, which
+//! lets [`Client`](crate::Client), [`Worker`](crate::Worker) and
+//! [`Elector`](crate::Elector) reconnect on their own and open a second
+//! connection for `LISTEN`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::poll_fn;
+use tokio::sync::mpsc;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, Notification, Socket};
+
+use crate::error::{Error, Result};
+
+/// Default time allowed for opening a connection (TCP, TLS, startup,
+/// authentication).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An open connection: the client half, and the notifications (`NOTIFY`)
+/// the server sent on it. The connection itself is driven by a spawned task
+/// that ends when the connection closes.
+pub(crate) struct Connected {
+    pub(crate) client: tokio_postgres::Client,
+    pub(crate) notifications: mpsc::UnboundedReceiver<Notification>,
+}
+
+type ConnectFuture = Pin<Box<dyn Future<Output = Result<Connected, tokio_postgres::Error>> + Send>>;
+type ConnectFn = dyn Fn() -> ConnectFuture + Send + Sync;
+
+/// Opens new connections to one database: a connection config plus a TLS
+/// setting. Cheap to clone.
+///
+/// ```no_run
+/// # fn example() -> Result<(), pg_lease_client::Error> {
+/// use pg_lease_client::Connector;
+///
+/// let connector = Connector::no_tls("host=127.0.0.1 user=app dbname=app")?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Connector {
+    connect: Arc<ConnectFn>,
+    connect_timeout: Duration,
+    shown: Arc<str>,
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connector")
+            .field("target", &self.shown)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl Connector {
+    /// A connector for `config` using `tls` (for example
+    /// `tokio_postgres::NoTls`, or a `postgres-native-tls`/`postgres-openssl`
+    /// connector).
+    pub fn new<T>(config: tokio_postgres::Config, tls: T) -> Connector
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let shown = show_target(&config);
+        let config = Arc::new(config);
+        let connect = move || -> ConnectFuture {
+            let config = Arc::clone(&config);
+            let tls = tls.clone();
+            Box::pin(async move {
+                let (client, mut connection) = config.connect(tls).await?;
+                let (tx, notifications) = mpsc::unbounded_channel();
+                tokio::spawn(async move {
+                    // Drives the connection; ends when it closes or fails,
+                    // which the client half then reports as `is_closed`.
+                    while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
+                        match message {
+                            Ok(AsyncMessage::Notification(n)) => {
+                                // Nobody listening on this connection: drop it.
+                                let _ = tx.send(n);
+                            }
+                            Ok(_) => {}
+                            Err(_) => break,
+                        }
+                    }
+                });
+                Ok(Connected {
+                    client,
+                    notifications,
+                })
+            })
+        };
+        Connector {
+            connect: Arc::new(connect),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            shown: shown.into(),
+        }
+    }
+
+    /// A connector without TLS for a libpq-style connection string
+    /// (`host=... user=... dbname=...`) or URL (`postgresql://...`).
+    /// A string that does not parse is [`Error::InvalidInput`].
+    pub fn no_tls(conn: &str) -> Result<Connector> {
+        let config: tokio_postgres::Config = conn
+            .parse()
+            .map_err(|e| Error::invalid(format!("bad connection string: {e}")))?;
+        Ok(Connector::new(config, tokio_postgres::NoTls))
+    }
+
+    /// Sets the time allowed for opening a connection (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Connector {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The time allowed for opening a connection.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Opens a connection within the connect timeout.
+    pub(crate) async fn open(&self) -> Result<Connected> {
+        match tokio::time::timeout(self.connect_timeout, (self.connect)()).await {
+            Ok(Ok(connected)) => Ok(connected),
+            Ok(Err(e)) => Err(Error::from_pg(e)),
+            Err(_) => Err(Error::Timeout(self.connect_timeout)),
+        }
+    }
+}
+
+/// `host:port/dbname` for Debug output; never the password.
+fn show_target(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_default();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or_default();
+    format!("{host}:{port}/{db}")
+}

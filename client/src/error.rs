@@ -1,0 +1,224 @@
+//! The one error type of this crate.
+
+use std::time::Duration;
+
+/// SQLSTATE that `lease.fence` and `lease.fence_named` raise when the caller
+/// does not hold the lease.
+pub const LEASE_LOST_SQLSTATE: &str = "LE001";
+
+/// SQLSTATEs that pg_lease uses for bad input (README, "SQL reference"),
+/// plus PostgreSQL's own numeric and datetime range errors.
+const INVALID_INPUT_SQLSTATES: &[&str] = &[
+    "22004", "22023", "42704", "22P02", "22007", "22003", "22008",
+];
+
+/// Everything that can go wrong, in three families a caller usually treats
+/// differently:
+///
+/// * the lease is lost ([`Error::LeaseLost`], [`Error::NamedLeaseLost`]):
+///   stop working on behalf of it, another owner may have it now;
+/// * the database could not be reached or did not answer in time
+///   ([`Error::Connection`], [`Error::Timeout`]): retry later, the lease may
+///   or may not still be held;
+/// * the request was wrong ([`Error::InvalidInput`], [`Error::Payload`],
+///   [`Error::PermissionDenied`]): retrying will not help.
+///
+/// [`Error::Database`] and [`Error::Protocol`] cover the rest.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lease on queue row `id` at `epoch` is no longer held: it expired,
+    /// was released, or a newer epoch took over. Nothing was changed.
+    #[error("lease lost: row {id} at epoch {epoch} is no longer held")]
+    LeaseLost {
+        /// Row id.
+        id: i64,
+        /// The epoch the caller presented.
+        epoch: i64,
+    },
+
+    /// The named lease `name` at `epoch` is no longer held: step down.
+    #[error("named lease lost: \"{name}\" at epoch {epoch} is no longer held")]
+    NamedLeaseLost {
+        /// Name of the lease.
+        name: String,
+        /// The epoch the caller presented.
+        epoch: i64,
+    },
+
+    /// The connection failed, was closed, or the server is shutting down.
+    #[error("connection error: {}", describe(.0))]
+    Connection(#[source] tokio_postgres::Error),
+
+    /// The request (including connecting, if needed) did not complete in
+    /// time. The connection it used is discarded; the request may or may not
+    /// have taken effect.
+    #[error("no answer from the database within {0:?}")]
+    Timeout(Duration),
+
+    /// The server or this client rejected an argument. `code` is the
+    /// SQLSTATE (`22004`, `22023`, `42704`, `22P02`, ...) or `"client"` for a
+    /// check done before sending.
+    #[error("invalid input ({code}): {message}")]
+    InvalidInput {
+        /// SQLSTATE, or `"client"`.
+        code: String,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// The role lacks a grant (SQLSTATE `42501`); see the README's
+    /// "Privileges".
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+
+    /// A payload could not be serialized to, or deserialized from, JSON.
+    #[error("payload is not the expected JSON: {0}")]
+    Payload(#[from] serde_json::Error),
+
+    /// Any other error reported by the database or the driver.
+    #[error("database error: {}", describe(.0))]
+    Database(#[source] tokio_postgres::Error),
+
+    /// The database answered something this client did not expect (for
+    /// example a NULL where the SQL reference promises a value).
+    #[error("unexpected answer from the database: {0}")]
+    Protocol(String),
+}
+
+/// Shorthand for `std::result::Result<T, Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// True for [`Error::LeaseLost`] and [`Error::NamedLeaseLost`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost { .. } | Error::NamedLeaseLost { .. })
+    }
+
+    /// True for [`Error::Connection`] and [`Error::Timeout`]: the outcome of
+    /// the request is unknown and retrying on a new connection may work.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Error::Connection(_) | Error::Timeout(_))
+    }
+
+    /// True for [`Error::InvalidInput`], [`Error::Payload`] and
+    /// [`Error::PermissionDenied`]: retrying the same request will fail again.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidInput { .. } | Error::Payload(_) | Error::PermissionDenied(_)
+        )
+    }
+
+    /// The SQLSTATE the server sent, if any.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::LeaseLost { .. } | Error::NamedLeaseLost { .. } => Some(LEASE_LOST_SQLSTATE),
+            Error::Connection(e) | Error::Database(e) => e.as_db_error().map(|d| d.code().code()),
+            Error::InvalidInput { code, .. } if code != "client" => Some(code),
+            Error::PermissionDenied(_) => Some("42501"),
+            _ => None,
+        }
+    }
+
+    /// A client-side [`Error::InvalidInput`].
+    pub(crate) fn invalid(message: impl Into<String>) -> Error {
+        Error::InvalidInput {
+            code: "client".to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// Sorts a driver error into the families above.
+    pub(crate) fn from_pg(e: tokio_postgres::Error) -> Error {
+        if let Some(db) = e.as_db_error() {
+            let code = db.code().code();
+            if INVALID_INPUT_SQLSTATES.contains(&code) {
+                return Error::InvalidInput {
+                    code: code.to_owned(),
+                    message: db.message().to_owned(),
+                };
+            }
+            if code == "42501" {
+                return Error::PermissionDenied(db.message().to_owned());
+            }
+            // Class 08 connection exceptions, 57P admin/crash shutdown,
+            // 53300 too many connections, class 28 authorization.
+            if code.starts_with("08")
+                || code.starts_with("57P")
+                || code.starts_with("28")
+                || code == "53300"
+            {
+                return Error::Connection(e);
+            }
+            return Error::Database(e);
+        }
+        let io = std::error::Error::source(&e)
+            .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some());
+        if e.is_closed() || io {
+            Error::Connection(e)
+        } else {
+            Error::Database(e)
+        }
+    }
+
+    /// Like [`Error::from_pg`], but `LE001` becomes [`Error::LeaseLost`].
+    pub(crate) fn from_pg_fenced(e: tokio_postgres::Error, id: i64, epoch: i64) -> Error {
+        if sqlstate_of(&e) == Some(LEASE_LOST_SQLSTATE) {
+            Error::LeaseLost { id, epoch }
+        } else {
+            Error::from_pg(e)
+        }
+    }
+
+    /// Like [`Error::from_pg`], but `LE001` becomes [`Error::NamedLeaseLost`].
+    pub(crate) fn from_pg_named(e: tokio_postgres::Error, name: &str, epoch: i64) -> Error {
+        if sqlstate_of(&e) == Some(LEASE_LOST_SQLSTATE) {
+            Error::NamedLeaseLost {
+                name: name.to_owned(),
+                epoch,
+            }
+        } else {
+            Error::from_pg(e)
+        }
+    }
+}
+
+fn sqlstate_of(e: &tokio_postgres::Error) -> Option<&str> {
+    e.as_db_error().map(|d| d.code().code())
+}
+
+/// The driver's own message for a server error is just "db error"; the
+/// server's message is in the `DbError`.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_disjoint() {
+        let lost = Error::LeaseLost { id: 1, epoch: 2 };
+        assert!(lost.is_lease_lost() && !lost.is_connection() && !lost.is_invalid_input());
+        assert_eq!(lost.sqlstate(), Some("LE001"));
+        let timeout = Error::Timeout(Duration::from_secs(1));
+        assert!(timeout.is_connection() && !timeout.is_lease_lost());
+        let bad = Error::invalid("limit must be at least 1");
+        assert!(bad.is_invalid_input() && !bad.is_connection());
+        assert_eq!(bad.sqlstate(), None);
+    }
+}
