@@ -25,6 +25,8 @@
 
 #![warn(missing_docs)]
 
+pub mod proxy;
+
 use std::env;
 use std::fs;
 use std::io::ErrorKind;
