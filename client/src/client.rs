@@ -359,7 +359,9 @@ impl Client {
         F: FnOnce(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let deadline = Instant::now() + self.timeout;
+        // A year stands in for "no timeout" and keeps the addition finite.
+        let allowed = self.timeout.min(Duration::from_secs(365 * 24 * 3600));
+        let deadline = Instant::now() + allowed;
         let conn = match tokio::time::timeout_at(deadline, self.conn()).await {
             Ok(conn) => conn?,
             Err(_) => return Err(Error::Timeout(self.timeout)),

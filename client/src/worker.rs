@@ -39,7 +39,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a handler returns: the outcome to record, or an error, recorded as
 /// [`Outcome::Retry`] with the error's text (so the row backs off and
-/// dead-letters after the queue's `max_attempts`).
+/// dead-letters after the queue's `max_attempts`). An [`Error::Payload`]
+/// (from [`Job::payload_as`] and `?`) is recorded as [`Outcome::Fail`]: a
+/// payload that does not deserialize never will.
 pub type HandlerResult = Result<Outcome, BoxError>;
 
 type BoxFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
@@ -731,6 +733,10 @@ async fn supervise(ctx: &Ctx, job: Job, mut deadline: watch::Receiver<Instant>) 
             result = &mut fut => {
                 return match result {
                     Ok(Ok(outcome)) => outcome,
+                    // A payload that does not deserialize never will.
+                    Ok(Err(error)) if matches!(error.downcast_ref::<Error>(), Some(Error::Payload(_))) => {
+                        Outcome::fail(format!("handler failed: {error}"))
+                    }
                     Ok(Err(error)) => Outcome::retry(format!("handler failed: {error}")),
                     Err(panic) => {
                         Counters::add(&ctx.counters.panicked);

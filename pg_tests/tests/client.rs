@@ -659,6 +659,41 @@ async fn early_return_error_and_panic_leave_no_claim_behind() {
     );
 }
 
+/// A payload the handler cannot deserialize is dead-lettered at once
+/// (outcome `fail`), not retried `max_attempts` times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_payload_is_dead_lettered_at_once() {
+    let cluster = Cluster::start();
+    let admin = cluster.connect().await;
+    let c = client(&cluster).await;
+    queue(&c, "decode").await;
+    let id = c
+        .enqueue("decode", &json!({"not": "a number"}))
+        .await
+        .expect("enqueue");
+    let worker = Worker::new(
+        c.clone(),
+        config("decode", "w", secs(30)),
+        |job: Job| async move {
+            let _n: u64 = job.payload_as()?;
+            Ok(Outcome::Done)
+        },
+    );
+    let (shutdown, handle) = spawn(worker);
+    eventually("the row is dead", secs(10), || async {
+        job_row(&admin, id).await.state == "dead"
+    })
+    .await;
+    let summary = stop(shutdown, handle).await;
+    assert_eq!(
+        (summary.claimed, summary.failed, summary.retried),
+        (1, 1, 0)
+    );
+    let row = job_row(&admin, id).await;
+    assert_eq!(row.attempt, 1);
+    assert!(row.last_error.unwrap_or_default().contains("payload"));
+}
+
 /// A worker whose `run` future is dropped (its task aborted) gives back the
 /// rows it was working on at once (`abandon`: pending, attempt returned),
 /// not after the 60 s ttl; another owner can claim them right away.
