@@ -5,7 +5,9 @@
 //! ```
 //!
 //! (or set `PG_LEASE_URL`; the role needs `lease_admin`, the database the
-//! extension). The orchestrator (this process) fills queue `replicas` with 40 jobs,
+//! extension). Without either, it starts a throwaway PostgreSQL 15 cluster
+//! with pg_lease preloaded (the extension must be installed; the test
+//! harness in `pg_tests` does this) and deletes it at the end. The orchestrator (this process) fills queue `replicas` with 40 jobs,
 //! starts three replica processes (this program again, with `replica
 //! NAME`), and then:
 //!
@@ -40,17 +42,29 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
-        [mode, name, rest @ ..] if mode == "replica" => replica(name, &conn_string(rest)?).await,
-        rest => orchestrate(&conn_string(rest)?).await,
+        [mode, name, rest @ ..] if mode == "replica" => {
+            let conn = conn_string(rest).ok_or("pass a connection string")?;
+            replica(name, &conn).await
+        }
+        rest => match conn_string(rest) {
+            Some(conn) => orchestrate(&conn).await,
+            None => {
+                println!("Starting a throwaway PostgreSQL 15 with shared_preload_libraries = 'pg_lease' ...");
+                let cluster = pg_tests::Cluster::start_with(pg_tests::ClusterConfig {
+                    extra_conf: vec!["shared_preload_libraries = 'pg_lease'".into()],
+                    ..Default::default()
+                });
+                orchestrate(&cluster.conn_string(pg_tests::TEST_DB)).await
+            }
+        },
     }
 }
 
-fn conn_string(args: &[String]) -> Result<String, BoxError> {
-    match args.first() {
-        Some(conn) => Ok(conn.clone()),
-        None => std::env::var("PG_LEASE_URL")
-            .map_err(|_| "pass a connection string, or set PG_LEASE_URL".into()),
-    }
+/// The first argument, else `PG_LEASE_URL`.
+fn conn_string(args: &[String]) -> Option<String> {
+    args.first()
+        .cloned()
+        .or_else(|| std::env::var("PG_LEASE_URL").ok())
 }
 
 fn say(who: &str, what: impl std::fmt::Display) {
