@@ -37,6 +37,10 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection it used (its statements are prepared again on the next one).
 /// Made with [`Client::from_postgres`], it uses that one connection only.
 ///
+/// Behind a transaction-mode pooler, the pooler must support prepared
+/// statements (PgBouncer ≥ 1.21 with `max_prepared_statements`); turn
+/// [`WorkerConfig::listen`](crate::WorkerConfig::listen) off there.
+///
 /// Calls made under a lease ([`release`](Client::release),
 /// [`renew`](Client::renew), [`fenced_update`](Client::fenced_update), ...)
 /// return [`Error::LeaseLost`] when the database says the lease is no longer
