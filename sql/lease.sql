@@ -59,10 +59,12 @@ BEGIN
           FROM wanted w
          WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND w.epoch >= f AND j.owner = o
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-        RETURNING j.id, j.lease_until, j.cancel_requested
+        RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
     )
+    -- Matched on (id, epoch): a stale epoch listed beside the current one
+    -- for the same id is reported as lost.
     SELECT w.id, r.id IS NOT NULL, r.lease_until, r.cancel_requested
-      FROM wanted w LEFT JOIN renewed r ON r.id = w.id
+      FROM wanted w LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
      ORDER BY w.ord;
 END
 $$;
@@ -189,6 +191,7 @@ DECLARE
     oc constant text := lease.checked_outcome(outcome);
     f  constant bigint := lease.epoch_floor();
     gone bigint[] := '{}';
+    gone_epochs bigint[] := '{}';
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs);
     IF oc = 'done' THEN
@@ -198,9 +201,11 @@ BEGIN
              WHERE j.id = ANY (ids) AND j.id = u.id AND j.epoch = u.epoch AND u.epoch >= f AND j.owner = o
                AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0'
-            RETURNING j.id
+            RETURNING j.id, j.epoch
         )
-        SELECT coalesce(array_agg(d.id), '{}') INTO gone FROM deleted d;
+        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}')
+          INTO gone, gone_epochs
+          FROM deleted d;
         IF cardinality(gone) = cardinality(ids) THEN
             -- The common case (all completions accepted): skip the UPDATE.
             RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
@@ -226,10 +231,10 @@ BEGIN
          WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND w.epoch >= f AND j.owner = o
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
-        RETURNING j.id
+        RETURNING j.id, j.epoch
     )
-    SELECT w.id, (w.id = ANY (gone) OR u.id IS NOT NULL)
-      FROM wanted w LEFT JOIN updated u ON u.id = w.id
+    SELECT w.id, ((w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs)) OR u.id IS NOT NULL)
+      FROM wanted w LEFT JOIN updated u ON u.id = w.id AND u.epoch = w.epoch
      ORDER BY w.ord;
 END
 $$;

@@ -544,6 +544,32 @@ mod tests {
         )));
     }
 
+    #[pg_test]
+    fn batches_match_each_element_on_id_and_epoch() {
+        run("SELECT lease.create_queue('kept', retention => '1 hour')");
+        run("SELECT lease.enqueue('kept', '{}')");
+        let (id, e) = claim_one("w", "1 minute", "kept");
+        let stale = e - 1;
+        assert!(check(&format!(
+            "SELECT array_agg(held ORDER BY o) = ARRAY[false, true]
+               FROM lease.renew_batch(ARRAY[{id}, {id}], 'w', ARRAY[{stale}, {e}], '1 minute')
+                    WITH ORDINALITY AS r(id, held, lease_until, cancel_requested, o)"
+        )));
+        assert!(check(&format!(
+            "SELECT array_agg(released ORDER BY o) = ARRAY[false, true]
+               FROM lease.release_batch(ARRAY[{id}, {id}], 'w', ARRAY[{stale}, {e}])
+                    WITH ORDINALITY AS r(id, released, o)"
+        )));
+        run("SELECT lease.enqueue('default', '{}')");
+        let (id, e) = claim_one("w", "1 minute", "default");
+        assert!(check(&format!(
+            "SELECT array_agg(released ORDER BY o) = ARRAY[false, true]
+               FROM lease.release_batch(ARRAY[{id}, {id}], 'w', ARRAY[{}, {e}])
+                    WITH ORDINALITY AS r(id, released, o)",
+            e - 1
+        )));
+    }
+
     // ---- fencing ------------------------------------------------------------
 
     #[pg_test]
