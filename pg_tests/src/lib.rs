@@ -220,6 +220,27 @@ impl Cluster {
         }
     }
 
+    /// Restarts the server as `pg_ctl restart -m immediate` does: no
+    /// shutdown checkpoint, every client cut off, crash recovery from the WAL
+    /// on the way up. Port and data directory stay, so connection strings
+    /// stay valid; the log is appended to. Blocks until the server accepts
+    /// connections again; panics with a clear message on failure.
+    pub fn restart_immediate(&self) {
+        let mut cmd = self.pg_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .arg("-l")
+            .arg(self.log_path())
+            .args(["-m", "immediate", "-w", "-t", PG_CTL_TIMEOUT_SECS])
+            .arg("restart");
+        if let Err(err) = run(&mut cmd, "pg_ctl restart") {
+            panic!(
+                "pg_tests: could not restart the server on port {}: {err}",
+                self.port
+            );
+        }
+    }
+
     fn try_start(config: &ClusterConfig) -> Result<Cluster, String> {
         let run_as = run_as()?;
         let bin_dir = pg_bin_dir();
