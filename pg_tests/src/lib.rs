@@ -241,6 +241,90 @@ impl Cluster {
         }
     }
 
+    /// Starts a streaming standby of `primary`: a `pg_basebackup -R` copy
+    /// (so it has [`TEST_DB`] and the extension) in its own data directory,
+    /// on its own port, with `extra_conf` appended to its configuration.
+    ///
+    /// Replication is asynchronous unless the primary names the standby in
+    /// `synchronous_standby_names`. Panics with a clear message on failure.
+    pub fn start_standby(primary: &Cluster, extra_conf: &[String]) -> Cluster {
+        match Cluster::try_start_standby(primary, extra_conf) {
+            Ok(cluster) => cluster,
+            Err(err) => panic!("pg_tests: could not start a standby: {err}"),
+        }
+    }
+
+    /// Stops the server the way a crash would (`pg_ctl stop -m immediate`:
+    /// no shutdown checkpoint, clients cut off). The data directory stays,
+    /// so the cluster can still be inspected; drop removes it as usual.
+    pub fn crash(&self) {
+        if let Err(err) = self.stop_server() {
+            panic!(
+                "pg_tests: could not crash the server on port {}: {err}",
+                self.port
+            );
+        }
+    }
+
+    /// Promotes a standby to primary (`pg_ctl promote`, waiting until it
+    /// accepts writes). The WAL timeline increases by one.
+    pub fn promote(&self) {
+        let mut cmd = self.pg_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .args(["-w", "-t", PG_CTL_TIMEOUT_SECS, "promote"]);
+        if let Err(err) = run(&mut cmd, "pg_ctl promote") {
+            panic!(
+                "pg_tests: could not promote the standby on port {}: {err}",
+                self.port
+            );
+        }
+    }
+
+    fn try_start_standby(primary: &Cluster, extra_conf: &[String]) -> Result<Cluster, String> {
+        let data_dir = create_unique_dir()?;
+        let mut standby = Cluster {
+            data_dir,
+            port: 0,
+            bin_dir: primary.bin_dir.clone(),
+            run_as: primary.run_as,
+        };
+        standby.chown_data_dir()?;
+        // -R writes primary_conninfo and standby.signal; -c fast skips the
+        // wait for a spread checkpoint on the primary.
+        let mut cmd = standby.pg_command("pg_basebackup");
+        cmd.arg("-D")
+            .arg(&standby.data_dir)
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args([
+                "-U",
+                SUPERUSER,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ]);
+        run(&mut cmd, "pg_basebackup")?;
+        // The copied postgresql.conf ends with the primary's harness block;
+        // start_server appends the standby's own, which wins.
+        standby.start_server(extra_conf)?;
+        Ok(standby)
+    }
+
+    fn chown_data_dir(&self) -> Result<(), String> {
+        if let RunAs::PostgresUser { uid, gid } = self.run_as {
+            std::os::unix::fs::chown(&self.data_dir, Some(uid), Some(gid)).map_err(|err| {
+                format!(
+                    "could not chown {} to {POSTGRES_OS_USER}: {err}",
+                    self.data_dir.display()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     fn try_start(config: &ClusterConfig) -> Result<Cluster, String> {
         let run_as = run_as()?;
         let bin_dir = pg_bin_dir();
@@ -262,14 +346,7 @@ impl Cluster {
             bin_dir,
             run_as,
         };
-        if let RunAs::PostgresUser { uid, gid } = run_as {
-            std::os::unix::fs::chown(&cluster.data_dir, Some(uid), Some(gid)).map_err(|err| {
-                format!(
-                    "could not chown {} to {POSTGRES_OS_USER}: {err}",
-                    cluster.data_dir.display()
-                )
-            })?;
-        }
+        cluster.chown_data_dir()?;
         cluster.initdb()?;
         cluster.start_server(&config.extra_conf)?;
         cluster
