@@ -6,7 +6,6 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    f constant bigint := lease.epoch_floor();
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
             lease.checked_not_null(patch, 'patch');
@@ -16,7 +15,7 @@ BEGIN
     END IF;
     UPDATE lease.job j
        SET payload = j.payload || patch
-     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch AND fenced_update.epoch >= f
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp();
     RETURN FOUND;
 END
@@ -32,7 +31,6 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    f constant bigint := lease.epoch_floor();
     until timestamptz;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
@@ -41,7 +39,7 @@ BEGIN
     -- the caller's own writes commit.
     SELECT j.lease_until INTO until
       FROM lease.job j
-     WHERE j.id = fence.id AND j.epoch = fence.epoch AND fence.epoch >= f
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
        FOR SHARE;
     IF NOT FOUND THEN

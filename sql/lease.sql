@@ -3,8 +3,6 @@
 -- Every statement here is keyed on (id, owner, epoch), on state = 'leased'
 -- and on the database clock (lease_until > clock_timestamp()): a lease that
 -- expired, was reaped, taken over or released is "lost" and nothing changes.
--- So is a lease issued on an earlier timeline (epoch below
--- lease.epoch_floor(), i.e. before a standby promotion).
 -- clock_timestamp() is evaluated per row, after any row-lock wait, so a
 -- renewal that waited past the expiry does not resurrect the lease.
 
@@ -16,13 +14,12 @@ AS $$
 DECLARE
     o constant text := lease.checked_owner(owner);
     d constant interval := lease.checked_ttl(ttl);
-    f constant bigint := lease.epoch_floor();
     result lease.renewal;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     UPDATE lease.job j
        SET lease_until = clock_timestamp() + d
-     WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch AND renew.epoch >= f
+     WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
     RETURNING j.id, true, j.lease_until, j.cancel_requested
       INTO result;
@@ -47,7 +44,6 @@ AS $$
 DECLARE
     o constant text := lease.checked_owner(owner);
     d constant interval := lease.checked_ttl(ttl);
-    f constant bigint := lease.epoch_floor();
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs);
     RETURN QUERY
@@ -57,7 +53,7 @@ BEGIN
         UPDATE lease.job j
            SET lease_until = clock_timestamp() + d
           FROM wanted w
-         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND w.epoch >= f AND j.owner = o
+         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND j.owner = o
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
         RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
     )
@@ -132,14 +128,13 @@ AS $$
 DECLARE
     o  constant text := lease.checked_owner(owner);
     oc constant text := lease.checked_outcome(outcome);
-    f  constant bigint := lease.epoch_floor();
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
          USING lease.queue q
-         WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch AND release.epoch >= f
+         WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue AND q.retention = interval '0';
         IF FOUND THEN
@@ -158,7 +153,7 @@ BEGIN
            lease_until = NULL,
            last_error  = coalesce(error, j.last_error)
       FROM lease.queue q
-     WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch AND release.epoch >= f
+     WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
        AND q.name = j.queue;
     RETURN FOUND;
@@ -189,7 +184,6 @@ AS $$
 DECLARE
     o  constant text := lease.checked_owner(owner);
     oc constant text := lease.checked_outcome(outcome);
-    f  constant bigint := lease.epoch_floor();
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
 BEGIN
@@ -198,7 +192,7 @@ BEGIN
         WITH deleted AS (
             DELETE FROM lease.job j
              USING unnest(ids, epochs) AS u(id, epoch), lease.queue q
-             WHERE j.id = ANY (ids) AND j.id = u.id AND j.epoch = u.epoch AND u.epoch >= f AND j.owner = o
+             WHERE j.id = ANY (ids) AND j.id = u.id AND j.epoch = u.epoch AND j.owner = o
                AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0'
             RETURNING j.id, j.epoch
@@ -228,7 +222,7 @@ BEGIN
                lease_until = NULL,
                last_error  = coalesce(error, j.last_error)
           FROM wanted w, lease.queue q
-         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND w.epoch >= f AND j.owner = o
+         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND j.owner = o
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
         RETURNING j.id, j.epoch

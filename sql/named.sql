@@ -37,10 +37,9 @@ BEGIN
             epoch       = greatest(n.epoch + 1, f),
             lease_until = clock_timestamp() + d,
             acquired_at = clock_timestamp()
-        -- Free, held by this owner name (a restarted process), or issued
-        -- before a promotion: in each case a new epoch fences every earlier
-        -- holder.
-        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner OR n.epoch < f
+        -- Free, or held by this owner name (a restarted process): either way
+        -- the new epoch fences every earlier holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
     RETURNING n.epoch INTO got;
     RETURN got;
 END
@@ -59,13 +58,12 @@ DECLARE
     nm constant text := lease.checked_name(name);
     o  constant text := lease.checked_owner(owner);
     d  constant interval := lease.checked_ttl(ttl);
-    f  constant bigint := lease.epoch_floor();
     until timestamptz;
 BEGIN
     PERFORM lease.checked_not_null(epoch, 'epoch');
     UPDATE lease.named_lease n
        SET lease_until = clock_timestamp() + d
-     WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch AND renew_named.epoch >= f
+     WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch
        AND n.lease_until > clock_timestamp()
     RETURNING n.lease_until INTO until;
     RETURN until;
@@ -84,13 +82,12 @@ AS $$
 DECLARE
     nm constant text := lease.checked_name(name);
     o  constant text := lease.checked_owner(owner);
-    f  constant bigint := lease.epoch_floor();
 BEGIN
     PERFORM lease.checked_not_null(epoch, 'epoch');
     -- Expire rather than delete: the row carries the epoch forward.
     UPDATE lease.named_lease n
        SET lease_until = clock_timestamp()
-     WHERE n.name = nm AND n.owner = o AND n.epoch = release_named.epoch AND release_named.epoch >= f
+     WHERE n.name = nm AND n.owner = o AND n.epoch = release_named.epoch
        AND n.lease_until > clock_timestamp();
     RETURN FOUND;
 END
@@ -106,13 +103,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     nm constant text := lease.checked_name(name);
-    f  constant bigint := lease.epoch_floor();
     until timestamptz;
 BEGIN
     PERFORM lease.checked_not_null(epoch, 'epoch');
     SELECT n.lease_until INTO until
       FROM lease.named_lease n
-     WHERE n.name = nm AND n.epoch = fence_named.epoch AND fence_named.epoch >= f
+     WHERE n.name = nm AND n.epoch = fence_named.epoch
        AND n.lease_until > clock_timestamp()
        FOR SHARE;
     IF NOT FOUND THEN

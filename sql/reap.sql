@@ -18,8 +18,7 @@ BEGIN
     WITH expired AS MATERIALIZED (
         SELECT j.id
           FROM lease.job j
-         -- Leases issued before a promotion count as expired.
-         WHERE j.state = 'leased' AND (j.lease_until <= t OR j.epoch < f)
+         WHERE j.state = 'leased' AND j.lease_until <= t
          ORDER BY j.lease_until
          LIMIT n
            FOR UPDATE SKIP LOCKED

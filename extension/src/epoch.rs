@@ -12,8 +12,16 @@
 //! timeline `t` lies in `[t << 40, (t + 1) << 40)` (a row would need 2^40
 //! claims to leave it) and everything issued after a promotion is greater
 //! than anything the old primary could have issued, replicated or not.
-//! Owner operations also require `epoch >= floor`: a lease issued on an
-//! earlier timeline is lost on the new one, and the reaper recovers it.
+//!
+//! Owner operations need nothing more: they match the row's exact
+//! `(id, owner, epoch)` and its `lease_until` by the database clock. A lease
+//! whose claim reached the standby is still its owner's after a promotion
+//! (with synchronous replication no acknowledged claim, renewal or release
+//! is lost). A lease lost with the old primary matches no row on the new
+//! one. And a lease that the old primary let expire and handed on before
+//! dying is refused too: its replicated `lease_until` lies before that
+//! takeover, hence in the past (this assumes the two servers' clocks agree
+//! to well within a ttl).
 
 use pgrx::prelude::*;
 
