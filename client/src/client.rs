@@ -37,6 +37,13 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection it used (its statements are prepared again on the next one).
 /// Made with [`Client::from_postgres`], it uses that one connection only.
 ///
+/// For a highly available PostgreSQL, list every server and ask for the
+/// primary: `host=db1,db2 target_session_attrs=read-write`. After a
+/// failover the next request reconnects to whichever server accepts
+/// writes; a lease taken before the failover counts only once the new
+/// primary confirms it (the [`Worker`](crate::Worker) renews it there, and
+/// fires the job's cancellation token if that fails).
+///
 /// Behind a transaction-mode pooler, the pooler must support prepared
 /// statements (PgBouncer ≥ 1.21 with `max_prepared_statements`); turn
 /// [`WorkerConfig::listen`](crate::WorkerConfig::listen) off there.

@@ -135,17 +135,23 @@ impl Connector {
     }
 }
 
-/// `host:port/dbname` for Debug output; never the password.
+/// `host:port,host:port/dbname` for Debug output; never the password.
 fn show_target(config: &tokio_postgres::Config) -> String {
-    let host = config
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
         .get_hosts()
-        .first()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(name) => name.clone(),
-            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            // One port for all hosts, or one per host (libpq's rule).
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
         })
-        .unwrap_or_default();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+        .collect();
     let db = config.get_dbname().unwrap_or_default();
-    format!("{host}:{port}/{db}")
+    format!("{}/{db}", hosts.join(","))
 }
