@@ -1,0 +1,234 @@
+//! `bench`: pg_lease's benchmark runner.
+//!
+//! Starts a throwaway PostgreSQL 15 cluster with fixed settings (see
+//! [`SETTINGS`]), creates the extension and the hand-written baseline's
+//! tables, then measures side by side: pgbench drains (pg_lease vs the
+//! hand-written seed SQL vs a primary-key UPDATE ceiling), enqueue, renew
+//! and its HOT share, the Rust client and its `Worker`, claim latency vs
+//! backlog, a pinned xmin, sustained churn, and a concurrency sweep. Prints
+//! a Markdown report and writes it, with a plot, to `benches/results/`
+//! (`benches/results/smoke/` with `--smoke`).
+//!
+//! ```text
+//! bench [--smoke] [--only SECTION,...] [--out DIR]
+//! sections: claim, enqueue, renew, client, latency, pinned, churn, sweep
+//! ```
+//!
+//! The extension must be installed into the PostgreSQL 15 that
+//! `pg_tests::pg_bin_dir()` points at (`bin/bench` does that first).
+
+mod pgbench;
+mod report;
+mod scenarios;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+
+use crate::pgbench::Pgbench;
+use crate::report::Results;
+use crate::scenarios::{connect, Bench, Res, Size};
+
+/// The cluster settings of every benchmark (appended after the harness's
+/// own `fsync = off` and `max_connections = 100`, so these win).
+const SETTINGS: &[&str] = &[
+    "shared_buffers = 1GB",
+    "max_connections = 200",
+    "fsync = on",
+    "synchronous_commit = on",
+    "full_page_writes = on",
+    "checkpoint_timeout = 15min",
+    "max_wal_size = 4GB",
+    "autovacuum = on",
+    "shared_preload_libraries = 'pg_lease'",
+];
+
+const SECTIONS: &[&str] = &[
+    "claim", "enqueue", "renew", "client", "latency", "pinned", "churn", "sweep",
+];
+
+struct Args {
+    smoke: bool,
+    only: Vec<String>,
+    out: PathBuf,
+}
+
+fn parse_args() -> Res<Args> {
+    let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut smoke = false;
+    let mut only = Vec::new();
+    let mut out = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--smoke" => smoke = true,
+            "--only" => {
+                let list = args.next().ok_or("--only needs a list of sections")?;
+                for s in list.split(',') {
+                    if !SECTIONS.contains(&s) {
+                        return Err(format!(
+                            "unknown section {s} (known: {})",
+                            SECTIONS.join(", ")
+                        ));
+                    }
+                    only.push(s.to_owned());
+                }
+            }
+            "--out" => out = Some(PathBuf::from(args.next().ok_or("--out needs a directory")?)),
+            "-h" | "--help" => {
+                println!(
+                    "bench [--smoke] [--only SECTION,...] [--out DIR]\nsections: {}",
+                    SECTIONS.join(", ")
+                );
+                std::process::exit(0);
+            }
+            // `cargo bench` passes --bench to every target.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other} (try --help)")),
+        }
+    }
+    let out = out.unwrap_or_else(|| {
+        let results = bench_dir.join("results");
+        if smoke {
+            results.join("smoke")
+        } else {
+            results
+        }
+    });
+    Ok(Args { smoke, only, out })
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Res<()> {
+    let args = parse_args()?;
+    let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("create {}: {e}", args.out.display()))?;
+    let scratch = std::env::temp_dir().join(format!("pg_lease_bench_{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("create {}: {e}", scratch.display()))?;
+
+    let started = Instant::now();
+    eprintln!("bench: starting a throwaway cluster");
+    let cluster = Cluster::start_with(ClusterConfig {
+        extra_conf: SETTINGS.iter().map(|s| (*s).to_owned()).collect(),
+        create_extension: true,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let result = runtime.block_on(async {
+        let conn = cluster.conn_string(TEST_DB);
+        let admin = connect(&conn).await?;
+        let setup_sql = std::fs::read_to_string(bench_dir.join("pgbench/setup.sql"))
+            .map_err(|e| format!("read pgbench/setup.sql: {e}"))?;
+        admin
+            .batch_execute(&setup_sql)
+            .await
+            .map_err(|e| format!("setup.sql: {e}"))?;
+        let version: String = admin
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        let bench = Bench {
+            conn,
+            admin,
+            pgbench: Pgbench {
+                binary: pg_tests::pg_bin_dir().join("pgbench"),
+                scripts: bench_dir.join("pgbench"),
+                port: cluster.port(),
+                db: TEST_DB.to_owned(),
+                scratch: scratch.clone(),
+            },
+            size: if args.smoke {
+                Size::smoke()
+            } else {
+                Size::full()
+            },
+        };
+        let mut results = Results {
+            setup: setup_lines(&version, &bench.size, args.smoke),
+            ..Results::default()
+        };
+        let wanted = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+        for section in SECTIONS {
+            if !wanted(section) {
+                continue;
+            }
+            let t0 = Instant::now();
+            eprintln!("bench: {section} ...");
+            match *section {
+                "claim" => bench.claim_complete(&mut results).await?,
+                "enqueue" => bench.enqueue(&mut results).await?,
+                "renew" => bench.renew(&mut results).await?,
+                "client" => bench.client(&mut results).await?,
+                "latency" => bench.latency(&mut results).await?,
+                "pinned" => bench.pinned(&mut results).await?,
+                "churn" => bench.churn(&mut results).await?,
+                "sweep" => bench.sweep(&mut results).await?,
+                _ => {}
+            }
+            eprintln!(
+                "bench: {section} done in {:.0} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Ok::<Results, String>(results)
+    });
+    drop(runtime);
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let mut results = result?;
+    results.setup.push(format!(
+        "whole run: {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
+
+    let md = results.markdown();
+    println!("{md}");
+    let md_path = args.out.join("results.md");
+    std::fs::write(&md_path, &md).map_err(|e| format!("write {}: {e}", md_path.display()))?;
+    eprintln!("bench: wrote {}", md_path.display());
+    let png = args.out.join("throughput_vs_clients.png");
+    match report::plot(
+        &results.sweep,
+        &png,
+        "Claim + complete at batch 50: throughput vs clients",
+    ) {
+        Ok(()) => eprintln!("bench: wrote {}", png.display()),
+        // The numbers matter more than the picture: report and go on.
+        Err(e) => eprintln!("bench: no plot: {e}"),
+    }
+    Ok(())
+}
+
+fn setup_lines(version: &str, size: &Size, smoke: bool) -> Vec<String> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    vec![
+        format!(
+            "mode: {}",
+            if smoke {
+                "smoke (tiny sizes: checks that everything runs; the numbers mean nothing)"
+            } else {
+                "full"
+            }
+        ),
+        format!("PostgreSQL {version}, {cores} cores, one throwaway cluster for the whole run (server, pgbench and the Rust client share the machine)"),
+        format!("settings: {}", SETTINGS.join(", ")),
+        "pgbench: `-M prepared -n`, `-j 2`; owners `bench-<client_id>`; queue `q` with the default policy (retention 0: done rows are deleted)".to_owned(),
+        format!(
+            "drains: {} rows at batch 50, {} at batch 1, Worker {}; time-based runs {} s; backlogs {:?}; churn {} s; pinned-xmin drains {} rows",
+            size.drain_b50, size.drain_b1, size.worker_rows, size.seconds, size.backlogs, size.churn_seconds, size.pinned_rows
+        ),
+    ]
+}
