@@ -1,7 +1,7 @@
 //! `bench`: pg_lease's benchmark runner.
 //!
 //! Starts a throwaway PostgreSQL 15 cluster with fixed settings (see
-//! [`SETTINGS`]), creates the extension and the hand-written baseline's
+//! `pg_lease_benches::SETTINGS`), creates the extension and the hand-written baseline's
 //! tables, then measures side by side: pgbench drains (pg_lease vs the
 //! hand-written seed SQL vs a primary-key UPDATE ceiling), enqueue, renew
 //! and its HOT share, the Rust client and its `Worker`, claim latency vs
@@ -24,25 +24,12 @@ mod scenarios;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use pg_lease_benches::{start_cluster, SETTINGS};
+use pg_tests::TEST_DB;
 
 use crate::pgbench::Pgbench;
 use crate::report::Results;
 use crate::scenarios::{connect, Bench, Res, Size};
-
-/// The cluster settings of every benchmark (appended after the harness's
-/// own `fsync = off` and `max_connections = 100`, so these win).
-const SETTINGS: &[&str] = &[
-    "shared_buffers = 1GB",
-    "max_connections = 200",
-    "fsync = on",
-    "synchronous_commit = on",
-    "full_page_writes = on",
-    "checkpoint_timeout = 15min",
-    "max_wal_size = 4GB",
-    "autovacuum = on",
-    "shared_preload_libraries = 'pg_lease'",
-];
 
 const SECTIONS: &[&str] = &[
     "claim", "enqueue", "renew", "client", "latency", "pinned", "churn", "sweep",
@@ -116,10 +103,7 @@ fn run() -> Res<()> {
 
     let started = Instant::now();
     eprintln!("bench: starting a throwaway cluster");
-    let cluster = Cluster::start_with(ClusterConfig {
-        extra_conf: SETTINGS.iter().map(|s| (*s).to_owned()).collect(),
-        create_extension: true,
-    });
+    let cluster = start_cluster();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
