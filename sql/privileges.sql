@@ -3,8 +3,11 @@
 --   lease_worker  replicas: enqueue, claim, renew, release, fenced writes,
 --                 cancel, named leases. Cannot read or write the tables
 --                 directly, so it can act only through the fenced functions.
+--                 Roles that write an attached table need it too (its
+--                 triggers sync the lease rows as the writing role).
 --   lease_admin   operators: everything lease_worker can, plus creating and
---                 dropping queues, reap, purge, sweep and the monitoring views.
+--                 dropping queues, attaching tables, reap, purge, sweep and
+--                 the monitoring views.
 --
 -- Both are NOLOGIN group roles: GRANT them to your login roles. PUBLIC gets
 -- nothing: no schema usage, no function, no table. Roles are cluster-wide and
@@ -36,6 +39,7 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue(text, jsonb, text, timestamptz, integer),
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer),
     lease.claim_pending(integer, interval, text, text),
+    lease.reclaim_own(integer, interval, text, text),
     lease.renew(bigint, text, bigint, interval),
     lease.renew_batch(bigint[], text, bigint[], interval),
     lease.release(bigint, text, bigint, text, timestamptz, text),
@@ -46,15 +50,23 @@ GRANT EXECUTE ON FUNCTION
     lease.try_acquire(text, text, interval),
     lease.renew_named(text, text, bigint, interval),
     lease.release_named(text, text, bigint),
-    lease.fence_named(text, bigint)
+    lease.fence_named(text, bigint),
+    -- Run by the triggers of attached tables, as the role writing the table.
+    lease.attached_rows_changed(),
+    lease.sync_attached(text, text[], text[])
 TO lease_worker;
+GRANT SELECT ON lease.attachment TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
     lease.create_queue(text, integer, interval, interval, interval, interval),
     lease.drop_queue(text, boolean),
     lease.reap(integer),
     lease.purge(integer),
-    lease.sweep(integer)
+    lease.sweep(integer),
+    lease.attach(regclass, text, text, integer, interval, interval, interval),
+    lease.register_attachment(regclass, text, name, text, integer, interval, interval, interval),
+    lease.detach(regclass),
+    lease.unregister_attachment(text)
 TO lease_admin;
 
 GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats, lease.queue

@@ -60,6 +60,10 @@ BEGIN
     -- Lock the queue row first: enqueue's foreign key check waits on it, so no
     -- row can slip in between the check below and the delete.
     PERFORM FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE;
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = drop_queue.name) THEN
+        RAISE EXCEPTION 'queue "%" belongs to an attached table', name
+            USING ERRCODE = 'object_in_use', HINT = 'Use lease.detach(table).';
+    END IF;
     IF NOT coalesce(force, false) AND EXISTS (
         SELECT FROM lease.job j
          WHERE j.queue = drop_queue.name AND j.state IN ('pending', 'leased'))
@@ -77,7 +81,8 @@ $$;
 
 COMMENT ON FUNCTION lease.drop_queue(text, boolean) IS
 $$Drops queue NAME and all its rows; returns how many rows were deleted.
-Refuses while rows are pending or leased unless force => true.
+Refuses while rows are pending or leased unless force => true, and for the queue of an attached table
+(use lease.detach).
 Errors: 22004 name NULL; 42704 no such queue; 55006 unfinished rows and force is false.$$;
 
 CREATE FUNCTION lease.enqueue(
