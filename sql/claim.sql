@@ -64,3 +64,48 @@ never waited for. Every claim gives the row an epoch greater than any it had bef
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue.$$;
+
+CREATE FUNCTION lease.reclaim_own(
+    "limit" integer,
+    ttl     interval,
+    owner   text,
+    queue   text DEFAULT 'default'
+) RETURNS SETOF lease.claim
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n constant integer := lease.checked_limit("limit");
+    d constant interval := lease.checked_ttl(ttl);
+    o constant text := lease.checked_owner(owner);
+    q constant text := lease.checked_queue(queue);
+    f constant bigint := lease.epoch_floor();
+BEGIN
+    -- A process restarted under a stable owner name (a StatefulSet
+    -- hostname) takes back what its earlier incarnation held, at once and
+    -- under new epochs, instead of waiting for those leases to expire. The
+    -- earlier incarnation, if it is in fact still running, is fenced off.
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.queue = q AND j.state = 'leased' AND j.owner = o
+         ORDER BY j.id
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE lease.job j
+       SET epoch       = greatest(j.epoch + 1, f),
+           attempt     = j.attempt + 1,
+           lease_until = clock_timestamp() + d
+     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.reclaim_own(integer, interval, text, text) IS
+$$For a process restarted under the same OWNER name: leases again, under new epochs and for TTL, up to
+LIMIT rows of QUEUE that OWNER still holds (expired or not, but not yet reaped), so its in-progress work
+resumes at once. The earlier incarnation's tokens are fenced. Call it once at start-up, before any
+claim: rows the current incarnation holds would be re-issued too.
+Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue.$$;
