@@ -121,6 +121,7 @@ enum Q {
     Enqueue,
     EnqueueBatch,
     Claim,
+    Reclaim,
     Renew,
     RenewBatch,
     Release,
@@ -185,6 +186,12 @@ impl Q {
             Q::Claim => concat!(
                 "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until ",
                 "FROM lease.claim_pending($1::int, ",
+                micros!("2"),
+                ", $3::text, $4::text) AS c"
+            ),
+            Q::Reclaim => concat!(
+                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until ",
+                "FROM lease.reclaim_own($1::int, ",
                 micros!("2"),
                 ", $3::text, $4::text) AS c"
             ),
@@ -513,13 +520,41 @@ impl Client {
         ttl: Duration,
         owner: &str,
     ) -> Result<Vec<Claimed>> {
+        self.lease_rows(Q::Claim, queue, limit, ttl, owner).await
+    }
+
+    /// `lease.reclaim_own`: for a process restarted under a stable `owner`
+    /// name, leases again (under new epochs, for `ttl`) up to `limit` rows
+    /// of `queue` that its earlier incarnation still holds, so that work
+    /// resumes at once instead of after the old leases expire. Call it at
+    /// start-up, before claiming: it would re-issue this incarnation's own
+    /// leases too.
+    pub async fn reclaim_own(
+        &self,
+        queue: &str,
+        limit: u32,
+        ttl: Duration,
+        owner: &str,
+    ) -> Result<Vec<Claimed>> {
+        self.lease_rows(Q::Reclaim, queue, limit, ttl, owner).await
+    }
+
+    /// Runs a claim-shaped query (`claim_pending`, `reclaim_own`).
+    async fn lease_rows(
+        &self,
+        query: Q,
+        queue: &str,
+        limit: u32,
+        ttl: Duration,
+        owner: &str,
+    ) -> Result<Vec<Claimed>> {
         let limit_sql = i32::try_from(limit)
             .map_err(|_| Error::invalid(format!("limit {limit} is out of range")))?;
         let ttl_us = micros(ttl, "ttl")?;
         let sent = Instant::now();
         let rows = self
             .call(|c| async move {
-                c.query(Q::Claim, &[&limit_sql, &ttl_us, &owner, &queue])
+                c.query(query, &[&limit_sql, &ttl_us, &owner, &queue])
                     .await
             })
             .await?;
@@ -609,6 +644,9 @@ impl Client {
         token: FencingToken,
         outcome: &Outcome,
     ) -> Result<bool> {
+        if *outcome == Outcome::Finished {
+            return Ok(true);
+        }
         let delay = outcome.delay().map(|d| micros(d, "delay")).transpose()?;
         let name = outcome.as_sql();
         let error = outcome.error();
@@ -631,8 +669,8 @@ impl Client {
         tokens: &[FencingToken],
         outcome: &Outcome,
     ) -> Result<Vec<bool>> {
-        if tokens.is_empty() {
-            return Ok(Vec::new());
+        if *outcome == Outcome::Finished {
+            return Ok(vec![true; tokens.len()]);
         }
         let delay = outcome.delay().map(|d| micros(d, "delay")).transpose()?;
         let name = outcome.as_sql();

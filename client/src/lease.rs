@@ -180,6 +180,12 @@ pub enum Outcome {
     /// Pending again at once; the attempt is given back (it does not count
     /// towards `max_attempts`).
     Abandon,
+    /// The lease has already ended by the handler's own fenced write: on an
+    /// attached table (`lease.attach`), the write made the row stop
+    /// matching the pending predicate (e.g. `status = 'DELETED'`), which
+    /// finishes the lease in the same transaction. Nothing is sent to the
+    /// database; counted as done.
+    Finished,
 }
 
 impl Outcome {
@@ -206,10 +212,11 @@ impl Outcome {
         }
     }
 
-    /// The outcome's name in SQL: `done`, `retry`, `fail` or `abandon`.
+    /// The outcome's name in SQL: `done`, `retry`, `fail` or `abandon`
+    /// (`done` for [`Outcome::Finished`], which is never sent).
     pub fn as_sql(&self) -> &'static str {
         match self {
-            Outcome::Done => "done",
+            Outcome::Done | Outcome::Finished => "done",
             Outcome::Retry { .. } => "retry",
             Outcome::Fail { .. } => "fail",
             Outcome::Abandon => "abandon",

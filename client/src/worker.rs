@@ -87,6 +87,13 @@ pub struct WorkerConfig {
     /// After shutdown is requested, how long in-flight handlers may run
     /// before they are dropped and their rows abandoned. Default 30 s.
     pub grace_period: Duration,
+    /// On start, take back (under new epochs) the rows this `owner` still
+    /// holds from an earlier run, before claiming anything else
+    /// ([`Client::reclaim_own`](crate::Client::reclaim_own)). Useful only
+    /// with a stable owner name per process (e.g. a StatefulSet
+    /// hostname); never run two workers with one owner name. Default
+    /// false.
+    pub reclaim_own: bool,
 }
 
 impl WorkerConfig {
@@ -103,6 +110,7 @@ impl WorkerConfig {
             poll_interval: Duration::from_secs(2),
             listen: true,
             grace_period: Duration::from_secs(30),
+            reclaim_own: false,
         }
     }
 
@@ -303,7 +311,7 @@ impl Counters {
 
     fn recorded(&self, outcome: &Outcome) {
         Counters::add(match outcome {
-            Outcome::Done => &self.done,
+            Outcome::Done | Outcome::Finished => &self.done,
             Outcome::Retry { .. } => &self.retried,
             Outcome::Fail { .. } => &self.failed,
             Outcome::Abandon => &self.abandoned,
@@ -596,6 +604,9 @@ async fn claim_loop(
 ) -> Result<()> {
     let cfg = &ctx.config;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    // Until it comes back short, the first claims take back this owner's
+    // rows from an earlier run.
+    let mut reclaiming = cfg.reclaim_own;
     loop {
         while jobs.try_join_next().is_some() {}
         let first = tokio::select! {
@@ -615,11 +626,16 @@ async fn claim_loop(
         }
         let asked = permits.len();
         let limit = u32::try_from(asked).unwrap_or(1);
-        match ctx
-            .client
-            .claim(&cfg.queue, limit, cfg.ttl, &cfg.owner)
-            .await
-        {
+        let claimed = if reclaiming {
+            ctx.client
+                .reclaim_own(&cfg.queue, limit, cfg.ttl, &cfg.owner)
+                .await
+        } else {
+            ctx.client
+                .claim(&cfg.queue, limit, cfg.ttl, &cfg.owner)
+                .await
+        };
+        match claimed {
             Ok(rows) => {
                 backoff.reset();
                 let got = rows.len();
@@ -637,7 +653,9 @@ async fn claim_loop(
                     jobs.spawn(run_job(Arc::clone(ctx), claimed, permit, releases.clone()));
                 }
                 drop(permits);
-                if got < asked {
+                if reclaiming {
+                    reclaiming = got == asked;
+                } else if got < asked {
                     tokio::select! {
                         biased;
                         () = shutdown.cancelled() => return Ok(()),
