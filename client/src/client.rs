@@ -553,10 +553,7 @@ impl Client {
         let ttl_us = micros(ttl, "ttl")?;
         let sent = Instant::now();
         let rows = self
-            .call(|c| async move {
-                c.query(query, &[&limit_sql, &ttl_us, &owner, &queue])
-                    .await
-            })
+            .call(|c| async move { c.query(query, &[&limit_sql, &ttl_us, &owner, &queue]).await })
             .await?;
         rows.iter()
             .map(|row| {
