@@ -23,7 +23,11 @@ pgrx::extension_sql_file!("../../sql/lease.sql", name = "lease", requires = ["ch
 pgrx::extension_sql_file!("../../sql/fence.sql", name = "fence", requires = ["check"]);
 pgrx::extension_sql_file!("../../sql/named.sql", name = "named", requires = ["check"]);
 pgrx::extension_sql_file!("../../sql/reap.sql", name = "reap", requires = ["check"]);
-pgrx::extension_sql_file!("../../sql/attach.sql", name = "attach", requires = ["queue"]);
+pgrx::extension_sql_file!(
+    "../../sql/attach.sql",
+    name = "attach",
+    requires = ["queue"]
+);
 pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
 pgrx::extension_sql_file!("../../sql/sweep.sql", name = "sweep", requires = ["reap"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);

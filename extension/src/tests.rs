@@ -775,17 +775,23 @@ mod tests {
         let kept = int("SELECT lease.enqueue('q', '{}')");
         claim_one("old", "1 hour", "q");
         let old = f - 7;
-        run(&format!("UPDATE lease.job SET epoch = {old} WHERE id = {kept}"));
+        run(&format!(
+            "UPDATE lease.job SET epoch = {old} WHERE id = {kept}"
+        ));
         assert!(check(&format!(
             "SELECT held FROM lease.renew({kept}, 'old', {old}, '1 minute')"
         )));
         assert_eq!(int("SELECT count(*) FROM lease.reap()"), 0);
-        assert!(check(&format!("SELECT lease.release({kept}, 'old', {old})")));
+        assert!(check(&format!(
+            "SELECT lease.release({kept}, 'old', {old})"
+        )));
 
         // The dead primary issued (lost, old + 1) to someone; the new claim
         // must not hand that token out again.
         let lost = int("SELECT lease.enqueue('q', '{}')");
-        run(&format!("UPDATE lease.job SET epoch = {old} WHERE id = {lost}"));
+        run(&format!(
+            "UPDATE lease.job SET epoch = {old} WHERE id = {lost}"
+        ));
         let (again, epoch) = claim_one("new", "1 minute", "q");
         assert_eq!(again, lost);
         assert_eq!(epoch, f);
@@ -1025,7 +1031,9 @@ mod tests {
         // A changed primary key, a delete, a row matching again.
         run("UPDATE items SET k = 'z' WHERE k = 'd'");
         run("DELETE FROM items WHERE k = 'c'");
-        run(&format!("UPDATE items SET status = 'todo' WHERE k = '{key}'"));
+        run(&format!(
+            "UPDATE items SET status = 'todo' WHERE k = '{key}'"
+        ));
         assert_eq!(
             text("SELECT string_agg(key, ',' ORDER BY key) FROM lease.job WHERE queue = 'items'")
                 .as_deref(),
@@ -1042,8 +1050,14 @@ mod tests {
         attach_items();
         claim_one("w", "1 minute", "items");
         assert_eq!(int("SELECT lease.detach('items')"), 2);
-        assert_eq!(int("SELECT count(*) FROM lease.job WHERE queue = 'items'"), 0);
-        assert_eq!(int("SELECT count(*) FROM lease.queue WHERE name = 'items'"), 0);
+        assert_eq!(
+            int("SELECT count(*) FROM lease.job WHERE queue = 'items'"),
+            0
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.queue WHERE name = 'items'"),
+            0
+        );
         assert_eq!(int("SELECT count(*) FROM lease.attachment"), 0);
         assert_eq!(
             int("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'items'::regclass"),
@@ -1065,12 +1079,21 @@ mod tests {
             ("SELECT lease.attach('no_key', 'true')", "0A000"),
             ("SELECT lease.attach('numeric_key', 'true')", "0A000"),
             ("SELECT lease.attach('ok', 'nosuch = 1')", "42703"),
-            ("SELECT lease.attach('ok', 's = ''x''; DROP TABLE ok')", "42601"),
+            (
+                "SELECT lease.attach('ok', 's = ''x''; DROP TABLE ok')",
+                "42601",
+            ),
             ("SELECT lease.attach('ok', 's')", "42804"),
             ("SELECT lease.attach('ok', NULL)", "22004"),
             ("SELECT lease.attach(NULL, 'true')", "22004"),
-            ("SELECT lease.attach('ok', 'true', queue => 'default')", "42710"),
-            ("SELECT lease.attach('ok', 'true', max_attempts => 0)", "22023"),
+            (
+                "SELECT lease.attach('ok', 'true', queue => 'default')",
+                "42710",
+            ),
+            (
+                "SELECT lease.attach('ok', 'true', max_attempts => 0)",
+                "22023",
+            ),
             ("SELECT lease.detach('ok')", "42704"),
         ] {
             assert_eq!(sqlstate(sql), state, "{sql}");
@@ -1107,7 +1130,10 @@ mod tests {
             sqlstate("SELECT lease.reclaim_own(1, '1 minute', 'p', 'nosuch')"),
             "42704"
         );
-        assert_eq!(sqlstate("SELECT lease.reclaim_own(0, '1 minute', 'p')"), "22023");
+        assert_eq!(
+            sqlstate("SELECT lease.reclaim_own(0, '1 minute', 'p')"),
+            "22023"
+        );
     }
 
     #[pg_test]
