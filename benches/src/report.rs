@@ -288,11 +288,11 @@ pub fn plot(sweep: &[SweepPoint], path: &Path, title: &str) -> Result<(), String
     let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let max_x = sweep.iter().map(|p| p.clients).max().unwrap_or(1) as f64;
-    let max_y = sweep
-        .iter()
-        .flat_map(|p| [p.lease, p.hand, p.ceiling])
-        .fold(0.0_f64, f64::max)
-        * 1.1;
+    let values = || sweep.iter().flat_map(|p| [p.lease, p.hand, p.ceiling]);
+    // A log axis: the ceiling is an order of magnitude above the drains, and
+    // on a linear axis the two drain lines would lie on top of each other.
+    let max_y = values().fold(1.0_f64, f64::max) * 1.5;
+    let min_y = (values().fold(f64::INFINITY, f64::min) / 1.5).clamp(1.0, max_y / 2.0);
     // Clients on a log2 axis: 1, 2, 4, ... spread evenly.
     let lx = |c: u32| (c as f64).log2();
     let mut chart = ChartBuilder::on(&root)
@@ -300,12 +300,12 @@ pub fn plot(sweep: &[SweepPoint], path: &Path, title: &str) -> Result<(), String
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(80)
-        .build_cartesian_2d(-0.2..max_x.log2() + 0.2, 0.0..max_y.max(1.0))
+        .build_cartesian_2d(-0.2..max_x.log2() + 0.2, (min_y..max_y).log_scale())
         .map_err(|x| e(&x))?;
     chart
         .configure_mesh()
         .x_desc("concurrent clients (pgbench -c), log scale")
-        .y_desc("jobs (rows) per second")
+        .y_desc("jobs (rows) per second, log scale")
         .x_labels(sweep.len() + 2)
         .x_label_formatter(&|v| format!("{:.0}", 2f64.powf(*v)))
         .y_label_formatter(&|v| rate(*v))
