@@ -52,7 +52,7 @@ GRANT EXECUTE ON FUNCTION
     lease.release_named(text, text, bigint),
     lease.fence_named(text, bigint),
     -- Run by the triggers of attached tables, as the role writing the table.
-    lease.attached_rows_changed(),
+    lease.attached_row_changed(),
     lease.sync_attached(text, text[], text[])
 TO lease_worker;
 GRANT SELECT ON lease.attachment TO lease_worker;

@@ -1084,6 +1084,7 @@ mod tests {
                 "42601",
             ),
             ("SELECT lease.attach('ok', 's')", "42804"),
+            ("SELECT lease.attach('ok', 'id IN (SELECT 1)')", "0A000"),
             ("SELECT lease.attach('ok', NULL)", "22004"),
             ("SELECT lease.attach(NULL, 'true')", "22004"),
             (
