@@ -114,6 +114,18 @@ async fn load(replicas: Vec<Client>, acked: Arc<Mutex<Acked>>, until: Instant) {
     }
 }
 
+/// Renews `(id, owner, epoch)` for a minute; whether the server confirmed it.
+async fn renewed(client: &Client, id: &i64, owner: &str, epoch: &i64) -> bool {
+    client
+        .query_one(
+            "SELECT held FROM lease.renew($1, $2, $3, '1 minute')",
+            &[id, &owner, epoch],
+        )
+        .await
+        .expect("renew")
+        .get(0)
+}
+
 async fn setup_queue(client: &Client) {
     client
         .batch_execute(&format!(
@@ -277,14 +289,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
             .expect("replicated lease")
             .get(0);
         if replicated {
-            let renewed: bool = survivor
-                .query_one(
-                    "SELECT held FROM lease.renew($1, $2, $3, '1 minute')",
-                    &[id, owner, epoch],
-                )
-                .await
-                .expect("renew")
-                .get(0);
+            let renewed = renewed(&survivor, id, owner, epoch).await;
             assert!(
                 renewed,
                 "replicated lease {id}/{epoch} of {owner} not confirmed"
@@ -335,14 +340,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
             .await
             .expect("stale fenced_update")
             .get(0);
-        let renewed: bool = survivor
-            .query_one(
-                "SELECT held FROM lease.renew($1, $2, $3, '1 minute')",
-                &[id, owner, epoch],
-            )
-            .await
-            .expect("stale renew")
-            .get(0);
+        let renewed = renewed(&survivor, id, owner, epoch).await;
         let released: bool = survivor
             .query_one("SELECT lease.release($1, $2, $3)", &[id, owner, epoch])
             .await
@@ -479,14 +477,7 @@ async fn sync_failover_loses_no_acknowledged_change() {
     }
     // And the leases held across the failover are still their owners'.
     for (id, owner, epoch) in &acked.held {
-        let held: bool = survivor
-            .query_one(
-                "SELECT held FROM lease.renew($1, $2, $3, '1 minute')",
-                &[id, owner, epoch],
-            )
-            .await
-            .expect("renew")
-            .get(0);
+        let held = renewed(&survivor, id, owner, epoch).await;
         assert!(
             held,
             "lease {id}/{epoch} of {owner} not confirmed after failover"
