@@ -11,6 +11,7 @@
 //!
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--out DIR]
+//! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
 //! sections: claim, enqueue, renew, client, latency, pinned, churn, sweep
 //! ```
 //!
@@ -37,6 +38,7 @@ const SECTIONS: &[&str] = &[
 
 struct Args {
     smoke: bool,
+    plot_from: Option<PathBuf>,
     only: Vec<String>,
     out: PathBuf,
 }
@@ -46,6 +48,7 @@ fn parse_args() -> Res<Args> {
     let mut smoke = false;
     let mut only = Vec::new();
     let mut out = None;
+    let mut plot_from = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -62,10 +65,15 @@ fn parse_args() -> Res<Args> {
                     only.push(s.to_owned());
                 }
             }
+            "--plot-from" => {
+                plot_from = Some(PathBuf::from(
+                    args.next().ok_or("--plot-from needs a directory")?,
+                ))
+            }
             "--out" => out = Some(PathBuf::from(args.next().ok_or("--out needs a directory")?)),
             "-h" | "--help" => {
                 println!(
-                    "bench [--smoke] [--only SECTION,...] [--out DIR]\nsections: {}",
+                    "bench [--smoke] [--only SECTION,...] [--out DIR] | bench --plot-from DIR\nsections: {}",
                     SECTIONS.join(", ")
                 );
                 std::process::exit(0);
@@ -83,7 +91,12 @@ fn parse_args() -> Res<Args> {
             results
         }
     });
-    Ok(Args { smoke, only, out })
+    Ok(Args {
+        smoke,
+        plot_from,
+        only,
+        out,
+    })
 }
 
 fn main() {
@@ -93,8 +106,19 @@ fn main() {
     }
 }
 
+const PLOT_TITLE: &str = "Claim + complete at batch 50: throughput vs clients";
+
 fn run() -> Res<()> {
     let args = parse_args()?;
+    if let Some(dir) = &args.plot_from {
+        // Redraw a run's plot from its sweep.json, without measuring.
+        let text = std::fs::read_to_string(dir.join("sweep.json"))
+            .map_err(|e| format!("read {}: {e}", dir.join("sweep.json").display()))?;
+        let png = dir.join("throughput_vs_clients.png");
+        report::plot(&report::sweep_from_json(&text)?, &png, PLOT_TITLE)?;
+        eprintln!("bench: wrote {}", png.display());
+        return Ok(());
+    }
     let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("create {}: {e}", args.out.display()))?;
@@ -181,12 +205,11 @@ fn run() -> Res<()> {
     let md_path = args.out.join("results.md");
     std::fs::write(&md_path, &md).map_err(|e| format!("write {}: {e}", md_path.display()))?;
     eprintln!("bench: wrote {}", md_path.display());
+    let json_path = args.out.join("sweep.json");
+    std::fs::write(&json_path, report::sweep_json(&results.sweep))
+        .map_err(|e| format!("write {}: {e}", json_path.display()))?;
     let png = args.out.join("throughput_vs_clients.png");
-    match report::plot(
-        &results.sweep,
-        &png,
-        "Claim + complete at batch 50: throughput vs clients",
-    ) {
+    match report::plot(&results.sweep, &png, PLOT_TITLE) {
         Ok(()) => eprintln!("bench: wrote {}", png.display()),
         // The numbers matter more than the picture: report and go on.
         Err(e) => eprintln!("bench: no plot: {e}"),

@@ -277,6 +277,43 @@ fn load_font() -> Result<(), String> {
     ))
 }
 
+/// The sweep as JSON (`sweep.json` next to the report), so that the plot
+/// can be drawn again from a run's data (`bench --plot-from DIR`).
+pub fn sweep_json(sweep: &[SweepPoint]) -> String {
+    let points: Vec<serde_json::Value> = sweep
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "clients": p.clients, "lease": p.lease, "hand": p.hand, "ceiling": p.ceiling,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(points).to_string()
+}
+
+/// Reads what [`sweep_json`] wrote.
+pub fn sweep_from_json(text: &str) -> Result<Vec<SweepPoint>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("sweep.json: {e}"))?;
+    let points = value.as_array().ok_or("sweep.json: not an array")?;
+    points
+        .iter()
+        .map(|p| {
+            let num = |k: &str| {
+                p.get(k)
+                    .and_then(serde_json::Value::as_f64)
+                    .ok_or_else(|| format!("sweep.json: point without {k}"))
+            };
+            Ok(SweepPoint {
+                clients: num("clients")? as u32,
+                lease: num("lease")?,
+                hand: num("hand")?,
+                ceiling: num("ceiling")?,
+            })
+        })
+        .collect()
+}
+
 /// Draws throughput vs concurrency at batch 50 (pg_lease, hand-written, the
 /// 50-row ceiling) into a PNG.
 pub fn plot(sweep: &[SweepPoint], path: &Path, title: &str) -> Result<(), String> {
@@ -292,7 +329,9 @@ pub fn plot(sweep: &[SweepPoint], path: &Path, title: &str) -> Result<(), String
     // A log axis: the ceiling is an order of magnitude above the drains, and
     // on a linear axis the two drain lines would lie on top of each other.
     let max_y = values().fold(1.0_f64, f64::max) * 1.5;
-    let min_y = (values().fold(f64::INFINITY, f64::min) / 1.5).clamp(1.0, max_y / 2.0);
+    // From a power of ten, so that the axis has labels below the first decade.
+    let lowest = (values().fold(f64::INFINITY, f64::min) / 1.5).clamp(1.0, max_y / 2.0);
+    let min_y = 10f64.powf(lowest.log10().floor());
     // Clients on a log2 axis: 1, 2, 4, ... spread evenly.
     let lx = |c: u32| (c as f64).log2();
     let mut chart = ChartBuilder::on(&root)
@@ -307,6 +346,7 @@ pub fn plot(sweep: &[SweepPoint], path: &Path, title: &str) -> Result<(), String
         .x_desc("concurrent clients (pgbench -c), log scale")
         .y_desc("jobs (rows) per second, log scale")
         .x_labels(sweep.len() + 2)
+        .y_labels(30)
         .x_label_formatter(&|v| format!("{:.0}", 2f64.powf(*v)))
         .y_label_formatter(&|v| rate(*v))
         .label_style(("sans-serif", 16))
