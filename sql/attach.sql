@@ -71,7 +71,7 @@ BEGIN
           FROM unnest(became) AS k
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
         IF FOUND THEN
-            PERFORM pg_notify('pg_lease_ready', sync_attached.queue);
+            PERFORM lease.wake(sync_attached.queue, cardinality(became));
         END IF;
     END IF;
 END

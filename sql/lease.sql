@@ -5,6 +5,12 @@
 -- expired, was reaped, taken over or released is "lost" and nothing changes.
 -- clock_timestamp() is evaluated per row, after any row-lock wait, so a
 -- renewal that waited past the expiry does not resurrect the lease.
+--
+-- The batch forms find each row's epoch with array_position instead of
+-- joining unnest(ids, epochs): under the generic plan that join became a
+-- nested loop over both arrays (2,450 comparisons for 50 leases; the
+-- release of 50 leases went from ~0.6 ms to ~0.2 ms). The IN (unnest) arm
+-- only matters when one id is listed twice with different epochs.
 
 CREATE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
 RETURNS lease.renewal
@@ -12,11 +18,16 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    o constant text := lease.checked_owner(owner);
-    d constant interval := lease.checked_ttl(ttl);
+    o constant text := owner;
+    d constant interval := ttl;
     result lease.renewal;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    -- The checks run only when an argument is off (see lease.claim_pending).
+    IF NOT coalesce(id IS NOT NULL AND epoch IS NOT NULL AND o <> '' AND length(o) <= 256
+                    AND d > interval '0' AND d <= interval '1 day', false) THEN
+        PERFORM lease.checked_owner(o), lease.checked_ttl(d),
+                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    END IF;
     UPDATE lease.job j
        SET lease_until = clock_timestamp() + d
      WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
@@ -47,20 +58,20 @@ DECLARE
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs);
     RETURN QUERY
-    WITH wanted AS (
-        SELECT u.id, u.epoch, u.ord FROM unnest(ids, epochs) WITH ORDINALITY AS u(id, epoch, ord)
-    ), renewed AS (
+    WITH renewed AS (
         UPDATE lease.job j
            SET lease_until = clock_timestamp() + d
-          FROM wanted w
-         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND j.owner = o
-           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+         WHERE j.id = ANY (ids)
+           AND (j.epoch = epochs[array_position(ids, j.id)]
+                OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
+           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
         RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
     )
     -- Matched on (id, epoch): a stale epoch listed beside the current one
     -- for the same id is reported as lost.
     SELECT w.id, r.id IS NOT NULL, r.lease_until, r.cancel_requested
-      FROM wanted w LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
+      FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
+      LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
      ORDER BY w.ord;
 END
 $$;
@@ -126,10 +137,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    o  constant text := lease.checked_owner(owner);
-    oc constant text := lease.checked_outcome(outcome);
+    o  constant text := owner;
+    oc constant text := outcome;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    -- The checks run only when an argument is off (see lease.claim_pending).
+    IF NOT coalesce(id IS NOT NULL AND epoch IS NOT NULL AND o <> '' AND length(o) <= 256
+                    AND oc IN ('done', 'retry', 'fail', 'abandon'), false) THEN
+        PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
+                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    END IF;
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
@@ -191,9 +207,11 @@ BEGIN
     IF oc = 'done' THEN
         WITH deleted AS (
             DELETE FROM lease.job j
-             USING unnest(ids, epochs) AS u(id, epoch), lease.queue q
-             WHERE j.id = ANY (ids) AND j.id = u.id AND j.epoch = u.epoch AND j.owner = o
-               AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+             USING lease.queue q
+             WHERE j.id = ANY (ids)
+               AND (j.epoch = epochs[array_position(ids, j.id)]
+                    OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
+               AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0'
             RETURNING j.id, j.epoch
         )
@@ -208,9 +226,7 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH wanted AS (
-        SELECT u.id, u.epoch, u.ord FROM unnest(ids, epochs) WITH ORDINALITY AS u(id, epoch, ord)
-    ), updated AS (
+    WITH updated AS (
         UPDATE lease.job j
            SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts),
                finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
@@ -221,14 +237,17 @@ BEGIN
                                   ELSE j.next_at END,
                lease_until = NULL,
                last_error  = coalesce(error, j.last_error)
-          FROM wanted w, lease.queue q
-         WHERE j.id = ANY (ids) AND j.id = w.id AND j.epoch = w.epoch AND j.owner = o
-           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+          FROM lease.queue q
+         WHERE j.id = ANY (ids)
+           AND (j.epoch = epochs[array_position(ids, j.id)]
+                OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
+           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
         RETURNING j.id, j.epoch
     )
-    SELECT w.id, ((w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs)) OR u.id IS NOT NULL)
-      FROM wanted w LEFT JOIN updated u ON u.id = w.id AND u.epoch = w.epoch
+    SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
+                 OR (w.id, w.epoch) IN (SELECT u.id, u.epoch FROM updated u)
+      FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
      ORDER BY w.ord;
 END
 $$;

@@ -85,6 +85,31 @@ Refuses while rows are pending or leased unless force => true, and for the queue
 (use lease.detach).
 Errors: 22004 name NULL; 42704 no such queue; 55006 unfinished rows and force is false.$$;
 
+-- Idle workers LISTEN on pg_lease_ready. A NOTIFY takes a lock that
+-- serialises the commits of all notifying transactions of the cluster
+-- (measured: 3.8k single enqueues/s with one per enqueue, 12k without), so
+-- only the rows that make a queue non-empty announce themselves: while
+-- ready rows wait, every worker is either claiming or about to (a worker
+-- idles only after a claim that found fewer rows than it asked for). In the
+-- narrow race where that claim's snapshot missed the row, the worker's poll
+-- picks it up.
+CREATE FUNCTION lease.wake(queue text, added integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF (SELECT count(*)
+          FROM (SELECT FROM lease.job j
+                 WHERE j.queue = wake.queue AND j.state = 'pending' AND j.next_at <= clock_timestamp()
+                 LIMIT added + 1) AS ready) <= added THEN
+        PERFORM pg_notify('pg_lease_ready', queue);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease.wake(text, integer) IS
+$$Internal: sends NOTIFY pg_lease_ready (payload QUEUE) unless QUEUE had ready rows besides the ADDED ones
+the caller just inserted.$$;
+
 CREATE FUNCTION lease.enqueue(
     queue    text,
     payload  jsonb,
@@ -111,7 +136,7 @@ BEGIN
         -- Same (queue, key) already there: hand back its id, change nothing.
         SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
     ELSIF coalesce(run_at, t) <= t THEN
-        PERFORM pg_notify('pg_lease_ready', q);
+        PERFORM lease.wake(q, 1);
     END IF;
     RETURN new_id;
 END
@@ -162,7 +187,7 @@ BEGIN
      ORDER BY u.ord
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
     IF n > 0 AND coalesce(run_at, t) <= t THEN
-        PERFORM pg_notify('pg_lease_ready', q);
+        PERFORM lease.wake(q, n);
     END IF;
 
     -- A new statement sees the rows just inserted, so keys that collided (with
