@@ -117,3 +117,40 @@ LIMIT rows of QUEUE that OWNER still holds (expired or not, but not yet reaped),
 resumes at once. The earlier incarnation's tokens are fenced. Call it once at start-up, before any
 claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue.$$;
+
+CREATE FUNCTION lease.release_and_claim(
+    ids     bigint[],
+    owner   text,
+    epochs  bigint[],
+    "limit" integer,
+    ttl     interval,
+    queue   text DEFAULT 'default'
+) RETURNS TABLE (released boolean, id bigint, key text, payload jsonb, epoch bigint, attempt integer,
+                 lease_until timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- A worker whose handlers finished records them done and fills the
+    -- freed slots in one statement and one commit, instead of two.
+    IF "limit" IS NULL OR "limit" < 0 THEN
+        PERFORM lease.checked_limit("limit");
+    END IF;
+    RETURN QUERY
+    SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz
+      FROM lease.release_batch(ids, owner, epochs) WITH ORDINALITY AS r(id, released, ord)
+     ORDER BY r.ord;
+    IF "limit" > 0 THEN
+        RETURN QUERY
+        SELECT NULL::boolean, c.id, c.key, c.payload, c.epoch, c.attempt, c.lease_until
+          FROM lease.claim_pending("limit", ttl, owner, release_and_claim.queue) AS c;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text) IS
+$$lease.release_batch(IDS, OWNER, EPOCHS) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
+OWNER, QUEUE), in one statement: first one row per element of IDS, in order, with RELEASED set and the
+claim columns NULL; then one row per claimed row (of QUEUE), with RELEASED NULL. LIMIT 0 only releases.
+Errors: those of the two functions.$$;

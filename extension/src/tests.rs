@@ -1110,6 +1110,45 @@ mod tests {
     }
 
     #[pg_test]
+    fn release_and_claim_releases_in_order_then_claims() {
+        run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[4]))");
+        let (a, ea) = claim_one("w", "1 minute", "default");
+        let (b, eb) = claim_one("w", "1 minute", "default");
+        // b's stale epoch is refused; a is released; two more rows claimed.
+        let stale = eb - 1;
+        assert_eq!(
+            text(&format!(
+                "SELECT string_agg(coalesce(released::text, 'claim'), ',')
+                   FROM lease.release_and_claim(ARRAY[{a}, {b}], 'w', ARRAY[{ea}, {stale}], 2, '1 minute')"
+            ))
+            .as_deref(),
+            Some("true,false,claim,claim")
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.job WHERE state = 'leased'"),
+            3
+        );
+        assert_eq!(
+            int(&format!(
+                "SELECT count(*) FROM lease.release_and_claim(ARRAY[{b}], 'w', ARRAY[{eb}], 0, '1 minute')"
+            )),
+            1
+        );
+        assert_eq!(
+            int("SELECT count(*) FROM lease.job WHERE state = 'leased'"),
+            2
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.release_and_claim('{}', 'w', '{}', -1, '1 minute')"),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate("SELECT lease.release_and_claim('{}', 'w', '{}', NULL, '1 minute')"),
+            "22004"
+        );
+    }
+
+    #[pg_test]
     fn reclaim_own_takes_back_an_owners_leases_under_new_epochs() {
         run("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[3]))");
         let (id, old) = claim_one("p", "1 minute", "default");
