@@ -126,6 +126,7 @@ enum Q {
     RenewBatch,
     Release,
     ReleaseBatch,
+    ReleaseAndClaim,
     FencedUpdate,
     Cancel,
     TryAcquire,
@@ -216,6 +217,13 @@ impl Q {
                 "SELECT r.id, r.released FROM lease.release_batch($1::bigint[], $2::text, $3::bigint[], $4::text, ",
                 at_or_null!("5"),
                 ", $6::text) WITH ORDINALITY AS r(id, released, ord) ORDER BY r.ord"
+            ),
+            Q::ReleaseAndClaim => concat!(
+                "SELECT r.released, r.id, $6::text, r.key, r.payload, r.epoch, r.attempt, r.lease_until ",
+                "FROM lease.release_and_claim($1::bigint[], $2::text, $3::bigint[], $4::int, ",
+                micros!("5"),
+                ", $6::text) WITH ORDINALITY AS r(released, id, key, payload, epoch, attempt, lease_until, ord) ",
+                "ORDER BY r.ord"
             ),
             Q::FencedUpdate => "SELECT lease.fenced_update($1::bigint, $2::bigint, $3::jsonb)",
             Q::Cancel => "SELECT lease.cancel($1::bigint)",
@@ -556,22 +564,7 @@ impl Client {
             .call(|c| async move { c.query(query, &[&limit_sql, &ttl_us, &owner, &queue]).await })
             .await?;
         rows.iter()
-            .map(|row| {
-                Ok(Claimed {
-                    lease: Lease {
-                        id: col(row, 0)?,
-                        queue: col(row, 1)?,
-                        key: col(row, 2)?,
-                        epoch: col(row, 4)?,
-                        attempt: col(row, 5)?,
-                        lease_until: col(row, 6)?,
-                        owner: owner.to_owned(),
-                        claim_sent_at: sent,
-                        ttl,
-                    },
-                    payload: col(row, 3)?,
-                })
-            })
+            .map(|row| claimed_from(row, 0, owner, sent, ttl))
             .collect()
     }
 
@@ -691,6 +684,52 @@ impl Client {
         }
         check_order(tokens, seen.into_iter())?;
         Ok(released)
+    }
+
+    /// `lease.release_and_claim`: records the leases of `owner` in
+    /// `tokens` as done and claims up to `limit` rows of `queue` for `ttl`,
+    /// in one statement and one commit (a worker refilling the slots its
+    /// finished jobs freed). Returns one `bool` per token, in order
+    /// (`false`: that lease was lost), and the claimed rows.
+    pub async fn release_and_claim(
+        &self,
+        owner: &str,
+        tokens: &[FencingToken],
+        queue: &str,
+        limit: u32,
+        ttl: Duration,
+    ) -> Result<(Vec<bool>, Vec<Claimed>)> {
+        let limit_sql = i32::try_from(limit)
+            .map_err(|_| Error::invalid(format!("limit {limit} is out of range")))?;
+        let ttl_us = micros(ttl, "ttl")?;
+        let (ids, epochs) = split(tokens);
+        let (ids, epochs) = (&ids, &epochs);
+        let sent = Instant::now();
+        let rows = self
+            .call(|c| async move {
+                c.query(
+                    Q::ReleaseAndClaim,
+                    &[ids, &owner, epochs, &limit_sql, &ttl_us, &queue],
+                )
+                .await
+            })
+            .await?;
+        let mut released = Vec::with_capacity(tokens.len());
+        let mut claimed = Vec::new();
+        for row in &rows {
+            match col::<Option<bool>>(row, 0)? {
+                Some(ok) => released.push(ok),
+                None => claimed.push(claimed_from(row, 1, owner, sent, ttl)?),
+            }
+        }
+        if released.len() != tokens.len() {
+            return Err(Error::invalid(format!(
+                "release_and_claim answered {} of {} releases",
+                released.len(),
+                tokens.len()
+            )));
+        }
+        Ok((released, claimed))
     }
 
     /// `lease.fenced_update`: merges `patch` (must serialize to a JSON
@@ -1001,4 +1040,29 @@ fn check_order(tokens: &[FencingToken], ids: impl Iterator<Item = i64>) -> Resul
         )));
     }
     Ok(())
+}
+
+/// A claimed row from the claim columns `(id, queue, key, payload, epoch,
+/// attempt, lease_until)` of `row`, starting at column `first`.
+fn claimed_from(
+    row: &tokio_postgres::Row,
+    first: usize,
+    owner: &str,
+    sent: Instant,
+    ttl: Duration,
+) -> Result<Claimed> {
+    Ok(Claimed {
+        lease: Lease {
+            id: col(row, first)?,
+            queue: col(row, first + 1)?,
+            key: col(row, first + 2)?,
+            epoch: col(row, first + 4)?,
+            attempt: col(row, first + 5)?,
+            lease_until: col(row, first + 6)?,
+            owner: owner.to_owned(),
+            claim_sent_at: sent,
+            ttl,
+        },
+        payload: col(row, first + 3)?,
+    })
 }

@@ -434,13 +434,34 @@ impl Worker {
         });
         let free = Arc::new(Semaphore::new(ctx.config.concurrency));
         let (releases, released) = mpsc::unbounded_channel();
+        let (handover, mut handed) = mpsc::unbounded_channel();
         let background = CancellationToken::new();
 
+        let releaser = {
+            let ctx = Arc::clone(&ctx);
+            let background = background.clone();
+            let refill = Refill {
+                handover,
+                stopping: shutdown.clone(),
+            };
+            async move {
+                releaser(&ctx, released, &refill).await;
+                background.cancel();
+            }
+        };
         let main = {
             let ctx = Arc::clone(&ctx);
             async move {
                 let mut jobs = JoinSet::new();
-                let result = claim_loop(&ctx, &shutdown, &mut jobs, &releases, &free).await;
+                let result =
+                    claim_loop(&ctx, &shutdown, &mut jobs, &releases, &free, &mut handed).await;
+                // Rows the releaser claimed that no job will run: give them
+                // back. Closing first makes any later handover fail, and the
+                // releaser then gives those back itself.
+                handed.close();
+                while let Ok((claimed, permit)) = handed.try_recv() {
+                    let _ = releases.send(abandon_now(&ctx, claimed.lease, Some(permit)));
+                }
                 let grace = tokio::time::sleep(ctx.config.grace_period);
                 tokio::pin!(grace);
                 loop {
@@ -453,14 +474,6 @@ impl Worker {
                 // released it on drop); the releaser ends once it is done.
                 drop(releases);
                 result
-            }
-        };
-        let releaser = {
-            let ctx = Arc::clone(&ctx);
-            let background = background.clone();
-            async move {
-                releaser(&ctx, released).await;
-                background.cancel();
             }
         };
         let (result, (), (), ()) = tokio::join!(
@@ -523,7 +536,7 @@ struct Held {
     lease: Lease,
     outcome: Outcome,
     deadline: watch::Receiver<Instant>,
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<OwnedSemaphorePermit>,
     armed: bool,
 }
 
@@ -601,6 +614,7 @@ async fn claim_loop(
     jobs: &mut JoinSet<()>,
     releases: &mpsc::UnboundedSender<Held>,
     free: &Arc<Semaphore>,
+    handed: &mut mpsc::UnboundedReceiver<Handed>,
 ) -> Result<()> {
     let cfg = &ctx.config;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
@@ -612,6 +626,11 @@ async fn claim_loop(
         let first = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
+            // Claimed by the releaser into the slots of finished jobs.
+            Some((claimed, permit)) = handed.recv() => {
+                jobs.spawn(run_job(Arc::clone(ctx), claimed, permit, releases.clone()));
+                continue;
+            }
             permit = Arc::clone(free).acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return Ok(()),
@@ -684,7 +703,7 @@ fn abandon_now(ctx: &Arc<Ctx>, lease: Lease, permit: Option<OwnedSemaphorePermit
         lease,
         outcome: Outcome::Abandon,
         deadline,
-        _permit: permit,
+        permit,
         armed: true,
     }
 }
@@ -715,7 +734,7 @@ async fn run_job(
         lease: lease.clone(),
         outcome: Outcome::Abandon,
         deadline: deadline.clone(),
-        _permit: Some(permit),
+        permit: Some(permit),
         armed: true,
     };
     let job = Job {
@@ -845,7 +864,7 @@ async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
 /// Records outcomes: everything that is waiting goes out together, one
 /// `release_batch` per distinct outcome; failed releases are retried with
 /// backoff until their local deadline.
-async fn releaser(ctx: &Ctx, mut incoming: mpsc::UnboundedReceiver<Held>) {
+async fn releaser(ctx: &Ctx, mut incoming: mpsc::UnboundedReceiver<Held>, refill: &Refill) {
     let mut pending: Vec<Held> = Vec::new();
     let mut open = true;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
@@ -871,7 +890,7 @@ async fn releaser(ctx: &Ctx, mut incoming: mpsc::UnboundedReceiver<Held>) {
         while let Ok(held) = incoming.try_recv() {
             pending.push(held);
         }
-        pending = release_all(ctx, std::mem::take(&mut pending)).await;
+        pending = release_all(ctx, std::mem::take(&mut pending), refill).await;
         if pending.is_empty() {
             backoff.reset();
             if !open {
@@ -882,7 +901,20 @@ async fn releaser(ctx: &Ctx, mut incoming: mpsc::UnboundedReceiver<Held>) {
 }
 
 /// Releases `held`, grouped by outcome; returns those to try again.
-async fn release_all(ctx: &Ctx, held: Vec<Held>) -> Vec<Held> {
+/// Where the releaser hands the rows it claims into the slots of finished
+/// jobs, and whether it still may.
+struct Refill {
+    handover: mpsc::UnboundedSender<Handed>,
+    stopping: CancellationToken,
+}
+
+/// A row claimed by the releaser, with the slot it takes.
+type Handed = (Claimed, OwnedSemaphorePermit);
+
+/// Releases `held`, grouped by outcome; returns those to try again. Done
+/// jobs' slots are refilled in the same statement
+/// (`lease.release_and_claim`) unless the worker is stopping.
+async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> Vec<Held> {
     let mut groups: Vec<(Outcome, Vec<Held>)> = Vec::new();
     for h in held {
         match groups.iter_mut().find(|(o, _)| *o == h.outcome) {
@@ -890,26 +922,47 @@ async fn release_all(ctx: &Ctx, held: Vec<Held>) -> Vec<Held> {
             None => groups.push((h.outcome.clone(), vec![h])),
         }
     }
-    let owner = ctx.config.owner.as_str();
+    let cfg = &ctx.config;
+    let owner = cfg.owner.as_str();
+    let refilling = !refill.stopping.is_cancelled();
     let results = join_all(groups.into_iter().map(|(outcome, group)| async move {
         let tokens: Vec<FencingToken> = group.iter().map(|h| h.lease.token()).collect();
-        let result = match tokens.as_slice() {
-            [one] => ctx
-                .client
-                .release_token(owner, *one, &outcome)
-                .await
-                .map(|ok| vec![ok]),
-            _ => ctx.client.release_batch(owner, &tokens, &outcome).await,
+        let (result, claimed) = match tokens.as_slice() {
+            _ if outcome == Outcome::Done && refilling => {
+                let limit = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+                match ctx
+                    .client
+                    .release_and_claim(owner, &tokens, &cfg.queue, limit, cfg.ttl)
+                    .await
+                {
+                    Ok((released, claimed)) => (Ok(released), claimed),
+                    Err(e) => (Err(e), Vec::new()),
+                }
+            }
+            [one] => (
+                ctx.client
+                    .release_token(owner, *one, &outcome)
+                    .await
+                    .map(|ok| vec![ok]),
+                Vec::new(),
+            ),
+            _ => (
+                ctx.client.release_batch(owner, &tokens, &outcome).await,
+                Vec::new(),
+            ),
         };
-        (outcome, group, result)
+        (outcome, group, result, claimed)
     }))
     .await;
 
     let mut retry = Vec::new();
     let now = Instant::now();
-    for (outcome, group, result) in results {
+    for (outcome, mut group, result, claimed) in results {
         match result {
             Ok(released) => {
+                let mut permits: Vec<OwnedSemaphorePermit> =
+                    group.iter_mut().filter_map(|h| h.permit.take()).collect();
+                let shared = group.first().map(|h| Arc::clone(&h.ctx));
                 for (h, ok) in group.into_iter().zip(released) {
                     if ok {
                         ctx.counters.recorded(&outcome);
@@ -917,6 +970,22 @@ async fn release_all(ctx: &Ctx, held: Vec<Held>) -> Vec<Held> {
                         Counters::add(&ctx.counters.lost);
                     }
                     h.settle();
+                }
+                for row in claimed {
+                    Counters::add(&ctx.counters.claimed);
+                    let permit = permits.pop();
+                    let give_back = match permit {
+                        Some(permit) => match refill.handover.send((row, permit)) {
+                            Ok(()) => continue,
+                            // The claim loop has stopped.
+                            Err(mpsc::error::SendError((row, permit))) => (row, Some(permit)),
+                        },
+                        // More rows than slots: the SQL never does this.
+                        None => (row, None),
+                    };
+                    if let Some(shared) = &shared {
+                        retry.push(abandon_now(shared, give_back.0.lease, give_back.1));
+                    }
                 }
             }
             Err(e) => {
