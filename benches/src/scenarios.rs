@@ -424,7 +424,7 @@ impl Bench {
         let mut t = Table::new(
             "Enqueue, pgbench, 16 clients",
             "Time-based; one transaction per call. pg_lease's enqueue also sends \
-             `NOTIFY pg_lease_ready` on commit.",
+             `NOTIFY pg_lease_ready` when it makes the queue non-empty.",
             &["scenario", "transactions/s", "rows/s", "vs hand-written"],
         );
         let cases: [(&str, &'static str, &'static str, f64); 2] = [
