@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_tests::{Cluster, ClusterConfig};
+use pg_tests::{scalar, Cluster, ClusterConfig};
 use tokio_postgres::Client;
 
 const REPLICAS: usize = 4;
@@ -16,17 +16,6 @@ const JOBS: i64 = 24;
 
 fn say(who: &str, what: impl std::fmt::Display) {
     println!("  {who:<10} {what}");
-}
-
-async fn scalar<T>(client: &Client, sql: &str) -> T
-where
-    T: for<'a> tokio_postgres::types::FromSql<'a>,
-{
-    client
-        .query_one(sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
 }
 
 /// One replica: claims up to two jobs at a time, "works" on each while its

@@ -563,6 +563,23 @@ impl Drop for Cluster {
     }
 }
 
+/// Runs `sql` (no parameters) and returns the first column of its one row;
+/// panics with the statement and the error otherwise. For tests.
+pub async fn scalar<T>(client: &tokio_postgres::Client, sql: &str) -> T
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    match client.query_one(sql, &[]).await {
+        Ok(row) => row.get(0),
+        Err(err) => panic!("{sql}: {}", error_chain(&err)),
+    }
+}
+
+/// The SQLSTATE of a failed statement, if the server sent one.
+pub fn sqlstate(err: &tokio_postgres::Error) -> Option<String> {
+    err.as_db_error().map(|d| d.code().code().to_owned())
+}
+
 /// Directory with the PostgreSQL binaries: [`PG_BIN_ENV`] if set and
 /// non-empty, else [`DEFAULT_PG_BIN`].
 pub fn pg_bin_dir() -> PathBuf {

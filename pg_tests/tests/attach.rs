@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_lease_client::{CancellationToken, Client, Outcome, Summary, Worker, WorkerConfig};
-use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
 use tokio::time::{sleep, timeout, Instant};
 
 /// A cluster whose reaper sweeps every 100 ms.
@@ -23,15 +23,6 @@ fn cluster_with_reaper() -> Cluster {
         ],
         ..Default::default()
     })
-}
-
-/// The SQLSTATE of a failed statement, if the server sent one.
-fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
-    e.as_db_error().map(|d| d.code().code().to_owned())
-}
-
-async fn count(pg: &tokio_postgres::Client, sql: &str) -> i64 {
-    pg.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
 /// Claims up to `limit` rows of `queue`: (id, key, epoch).
@@ -79,7 +70,7 @@ fn spawn(worker: Worker) -> (CancellationToken, tokio::task::JoinHandle<Summary>
 
 async fn eventually(what: &str, limit: Duration, pg: &tokio_postgres::Client, sql: &str) {
     let end = Instant::now() + limit;
-    while count(pg, sql).await != 0 {
+    while scalar::<i64>(pg, sql).await != 0 {
         assert!(Instant::now() < end, "timed out after {limit:?}: {what}");
         sleep(Duration::from_millis(50)).await;
     }
@@ -188,14 +179,17 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
     assert!(twice.is_empty(), "published more than once: {twice:?}");
     assert_eq!(per_instance.len() as i64, SCHEDULED);
     assert_eq!(
-        count(
+        scalar::<i64>(
             &pg,
             "SELECT count(*) FROM service_instances WHERE status = 'RUNNING'"
         )
         .await,
         30
     );
-    assert_eq!(count(&pg, "SELECT count(*) FROM lease.job").await, 0);
+    assert_eq!(
+        scalar::<i64>(&pg, "SELECT count(*) FROM lease.job").await,
+        0
+    );
 }
 
 /// 150 scheduled rows whose acknowledgement never comes are retried at once
@@ -391,7 +385,7 @@ async fn a_zombie_processor_cannot_overwrite_the_new_owner() {
 
     // A pauses past its ttl; the lease is recovered and B takes over.
     sleep(Duration::from_millis(400)).await;
-    count(&pg, "SELECT count(*) FROM lease.reap()").await;
+    scalar::<i64>(&pg, "SELECT count(*) FROM lease.reap()").await;
     let [(id_b, _, epoch_b)] = claim(&b, 1, 60_000, "proc-b", "batch_items").await[..] else {
         panic!("B claims the item");
     };
@@ -447,7 +441,10 @@ async fn a_zombie_processor_cannot_overwrite_the_new_owner() {
     fenced_item_write(&b, "status = 'validated'", &key, id, epoch_b)
         .await
         .expect("B finishes");
-    assert_eq!(count(&pg, "SELECT count(*) FROM lease.job").await, 0);
+    assert_eq!(
+        scalar::<i64>(&pg, "SELECT count(*) FROM lease.job").await,
+        0
+    );
 }
 
 /// A cancel while an item is in progress ends as cancelled even though its
@@ -497,7 +494,7 @@ async fn a_cancel_in_progress_survives_the_owners_death() {
         .await
         .is_empty());
     assert_eq!(
-        count(
+        scalar::<i64>(
             &pg,
             "SELECT count(*) FROM lease.job WHERE state = 'cancelled'"
         )
@@ -605,7 +602,7 @@ async fn a_restarted_owner_recovers_its_own_items() {
     let left: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(left, vec![("proc-2".to_owned(), 3)]);
     assert_eq!(
-        count(
+        scalar::<i64>(
             &pg,
             "SELECT count(*) FROM batch_items WHERE status = 'validated'"
         )

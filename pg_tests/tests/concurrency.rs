@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pg_tests::Cluster;
+use pg_tests::{scalar, sqlstate, Cluster};
 use tokio_postgres::Client;
 
 /// A small deterministic generator: tests stay reproducible per seed and
@@ -22,11 +22,6 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0 % n
     }
-}
-
-/// The SQLSTATE of a failed statement, if the server sent one.
-fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
-    e.as_db_error().map(|d| d.code().code().to_owned())
 }
 
 async fn claim(
@@ -57,10 +52,6 @@ async fn release(client: &Client, id: i64, owner: &str, epoch: i64, outcome: &st
         .await
         .expect("release")
         .get(0)
-}
-
-async fn count(client: &Client, sql: &str) -> i64 {
-    client.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
 /// What the racing claimers observed.
@@ -106,7 +97,7 @@ async fn drain_concurrently(
                 let limit = 1 + rng.below(max_batch) as i32;
                 let got = claim(&client, limit, 60_000, &owner, "race").await;
                 if got.is_empty() {
-                    let left = count(&client, "SELECT count(*) FROM lease.job WHERE queue = 'race' AND state IN ('pending', 'leased')").await;
+                    let left = scalar::<i64>(&client, "SELECT count(*) FROM lease.job WHERE queue = 'race' AND state IN ('pending', 'leased')").await;
                     if left == 0 {
                         break;
                     }
@@ -181,7 +172,7 @@ async fn concurrent_claimers_never_share_a_row_and_finish_each_once() {
 
     let admin = cluster.connect().await;
     assert_eq!(
-        count(&admin, "SELECT count(*) FROM lease.job WHERE queue = 'race' AND state = 'done' AND epoch = lease.epoch_floor() AND attempt = 1").await,
+        scalar::<i64>(&admin, "SELECT count(*) FROM lease.job WHERE queue = 'race' AND state = 'done' AND epoch = lease.epoch_floor() AND attempt = 1").await,
         rows
     );
 }
@@ -255,7 +246,7 @@ async fn failing_rows_do_not_starve_newer_rows() {
         worst <= 3,
         "a fresh row waited {worst} cycles behind failing rows"
     );
-    let retried = count(&client, "SELECT count(*) FROM lease.job WHERE queue = 's' AND attempt > 0 AND (payload->>'poison')::boolean").await;
+    let retried = scalar::<i64>(&client, "SELECT count(*) FROM lease.job WHERE queue = 's' AND attempt > 0 AND (payload->>'poison')::boolean").await;
     assert_eq!(
         retried, 150,
         "every poison row was tried (the test exercised them)"
@@ -306,7 +297,7 @@ async fn a_zombie_cannot_touch_a_row_after_takeover() {
         .get(0);
     assert!(!held, "an expired lease must not be renewable");
 
-    let reaped = count(
+    let reaped = scalar::<i64>(
         &admin,
         "SELECT coalesce(sum(requeued), 0)::bigint FROM lease.reap()",
     )
@@ -441,7 +432,7 @@ async fn cancel_while_leased_ends_cancelled_never_requeued() {
     assert_eq!(reaped.get::<_, i64>(0), 1);
 
     assert_eq!(
-        count(
+        scalar::<i64>(
             &admin,
             "SELECT count(*) FROM lease.job WHERE queue = 'c' AND state = 'cancelled'"
         )
@@ -536,7 +527,7 @@ async fn contenders_for_a_named_lease_never_both_hold_it() {
         writes += t.await.expect("contender");
     }
 
-    let out_of_order = count(
+    let out_of_order = scalar::<i64>(
         &admin,
         "SELECT count(*) FROM (
              SELECT epoch, max(epoch) OVER (ORDER BY at ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS newest_before
@@ -544,8 +535,8 @@ async fn contenders_for_a_named_lease_never_both_hold_it() {
           WHERE epoch < newest_before",
     )
     .await;
-    let epochs = count(&admin, "SELECT count(DISTINCT epoch) FROM leader_log").await;
-    let owners_per_epoch = count(&admin, "SELECT coalesce(max(n), 0) FROM (SELECT count(DISTINCT owner) AS n FROM leader_log GROUP BY epoch) x").await;
+    let epochs = scalar::<i64>(&admin, "SELECT count(DISTINCT epoch) FROM leader_log").await;
+    let owners_per_epoch = scalar::<i64>(&admin, "SELECT coalesce(max(n), 0) FROM (SELECT count(DISTINCT owner) AS n FROM leader_log GROUP BY epoch) x").await;
     assert_eq!(owners_per_epoch, 1, "one epoch was used by two owners");
     assert_eq!(out_of_order, 0, "a stale leader wrote after its successor");
     assert!(

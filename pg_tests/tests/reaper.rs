@@ -9,7 +9,7 @@
 use std::future::poll_fn;
 use std::time::{Duration, Instant};
 
-use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{scalar, Cluster, ClusterConfig, TEST_DB};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// A cluster with the reaper on and sweeping every 100 ms.
@@ -21,14 +21,6 @@ fn preloaded() -> Cluster {
         ],
         ..Default::default()
     })
-}
-
-async fn scalar<T: for<'a> tokio_postgres::types::FromSql<'a>>(client: &Client, sql: &str) -> T {
-    client
-        .query_one(sql, &[])
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
 }
 
 /// Polls `sql` (a boolean) until it is true; returns how long that took.
