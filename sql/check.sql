@@ -8,6 +8,37 @@
 --   22023 invalid_parameter_value  an argument is out of its documented range
 --   42704 undefined_object         the queue does not exist
 
+-- The rules themselves, as SQL expressions the planner inlines: the hot
+-- paths (claim_pending, renew, release) test them in one IF and call the
+-- raising checks below only when one fails, so each rule is written once.
+CREATE FUNCTION lease.valid_owner(owner text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(owner <> '' AND length(owner) <= 256, false);
+
+COMMENT ON FUNCTION lease.valid_owner(text) IS
+    'Internal: whether owner is 1 to 256 characters long (false for NULL).';
+
+CREATE FUNCTION lease.valid_ttl(ttl interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(ttl > interval '0' AND ttl <= interval '1 day', false);
+
+COMMENT ON FUNCTION lease.valid_ttl(interval) IS
+    'Internal: whether 0 < ttl <= 1 day (false for NULL).';
+
+CREATE FUNCTION lease.valid_limit(n integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(n BETWEEN 1 AND 10000, false);
+
+COMMENT ON FUNCTION lease.valid_limit(integer) IS
+    'Internal: whether 1 <= n <= 10000 (false for NULL).';
+
+CREATE FUNCTION lease.valid_outcome(outcome text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(outcome IN ('done', 'retry', 'fail', 'abandon'), false);
+
+COMMENT ON FUNCTION lease.valid_outcome(text) IS
+    'Internal: whether outcome is done, retry, fail or abandon (false for NULL).';
+
 CREATE FUNCTION lease.checked_owner(owner text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -15,7 +46,7 @@ BEGIN
     IF owner IS NULL THEN
         RAISE EXCEPTION 'owner must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF owner = '' OR length(owner) > 256 THEN
+    IF NOT lease.valid_owner(owner) THEN
         RAISE EXCEPTION 'owner must be 1 to 256 characters long (got %)', length(owner)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -33,7 +64,7 @@ BEGIN
     IF ttl IS NULL THEN
         RAISE EXCEPTION 'ttl must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF ttl <= interval '0' OR ttl > interval '1 day' THEN
+    IF NOT lease.valid_ttl(ttl) THEN
         RAISE EXCEPTION 'ttl must be greater than 0 and at most 1 day (got %)', ttl
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Renew long work with lease.renew instead of taking a long lease.';
@@ -52,7 +83,7 @@ BEGIN
     IF n IS NULL THEN
         RAISE EXCEPTION 'limit must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF n < 1 OR n > 10000 THEN
+    IF NOT lease.valid_limit(n) THEN
         RAISE EXCEPTION 'limit must be between 1 and 10000 (got %)', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;

@@ -23,8 +23,7 @@ DECLARE
     result lease.renewal;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT coalesce(id IS NOT NULL AND epoch IS NOT NULL AND o <> '' AND length(o) <= 256
-                    AND d > interval '0' AND d <= interval '1 day', false) THEN
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_ttl(d)) THEN
         PERFORM lease.checked_owner(o), lease.checked_ttl(d),
                 lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     END IF;
@@ -114,7 +113,7 @@ BEGIN
     IF outcome IS NULL THEN
         RAISE EXCEPTION 'outcome must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF outcome NOT IN ('done', 'retry', 'fail', 'abandon') THEN
+    IF NOT lease.valid_outcome(outcome) THEN
         RAISE EXCEPTION 'outcome must be one of done, retry, fail, abandon (got "%")', outcome
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -141,8 +140,7 @@ DECLARE
     oc constant text := outcome;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT coalesce(id IS NOT NULL AND epoch IS NOT NULL AND o <> '' AND length(o) <= 256
-                    AND oc IN ('done', 'retry', 'fail', 'abandon'), false) THEN
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
         PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
                 lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     END IF;
