@@ -575,6 +575,20 @@ where
     }
 }
 
+/// Polls `sql` (one boolean) every 20 ms until it is true and returns how
+/// long that took; panics naming `sql` after `within`. For tests.
+pub async fn eventually(client: &tokio_postgres::Client, sql: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    while !scalar::<bool>(client, sql).await {
+        assert!(
+            start.elapsed() < within,
+            "not true within {within:?}: {sql}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
 /// The SQLSTATE of a failed statement, if the server sent one.
 pub fn sqlstate(err: &tokio_postgres::Error) -> Option<String> {
     err.as_db_error().map(|d| d.code().code().to_owned())

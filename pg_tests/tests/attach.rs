@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_lease_client::{CancellationToken, Client, Outcome, Summary, Worker, WorkerConfig};
-use pg_tests::{scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
-use tokio::time::{sleep, timeout, Instant};
+use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
+use tokio::time::{sleep, timeout};
 
 /// A cluster whose reaper sweeps every 100 ms.
 fn cluster_with_reaper() -> Cluster {
@@ -66,14 +66,6 @@ fn spawn(worker: Worker) -> (CancellationToken, tokio::task::JoinHandle<Summary>
         shutdown,
         tokio::spawn(async move { run.await.expect("worker run") }),
     )
-}
-
-async fn eventually(what: &str, limit: Duration, pg: &tokio_postgres::Client, sql: &str) {
-    let end = Instant::now() + limit;
-    while scalar::<i64>(pg, sql).await != 0 {
-        assert!(Instant::now() < end, "timed out after {limit:?}: {what}");
-        sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // ---- deferred deletions -------------------------------------------------------
@@ -150,11 +142,11 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
         replicas.push(spawn(worker));
     }
 
+    // Every scheduled row deleted.
     eventually(
-        "every scheduled row deleted",
-        Duration::from_secs(60),
         &pg,
-        "SELECT count(*) FROM service_instances WHERE status = 'SCHEDULED'",
+        "SELECT count(*) = 0 FROM service_instances WHERE status = 'SCHEDULED'",
+        Duration::from_secs(60),
     )
     .await;
     let mut done = 0;
@@ -279,11 +271,11 @@ async fn a_replica_that_exits_early_leaves_nothing_stalled() {
         job.cancelled().await;
         Ok(Outcome::Abandon)
     }));
+    // The early replica holds all ten rows.
     eventually(
-        "the early replica holds all ten rows",
-        Duration::from_secs(10),
         &pg,
-        "SELECT 10 - count(*) FROM lease.job WHERE state = 'leased' AND owner = 'early'",
+        "SELECT count(*) = 10 FROM lease.job WHERE state = 'leased' AND owner = 'early'",
+        Duration::from_secs(10),
     )
     .await;
     let summary = stop(shutdown, run).await;
@@ -313,11 +305,11 @@ async fn a_replica_that_exits_early_leaves_nothing_stalled() {
             }
         },
     ));
+    // The other replica finishes the rows well within their ttl.
     eventually(
-        "the other replica finishes the rows well within their ttl",
-        Duration::from_secs(5),
         &pg,
-        "SELECT count(*) FROM service_instances WHERE status = 'SCHEDULED'",
+        "SELECT count(*) = 0 FROM service_instances WHERE status = 'SCHEDULED'",
+        Duration::from_secs(5),
     )
     .await;
     let summary = stop(shutdown, run).await;
@@ -481,11 +473,11 @@ async fn a_cancel_in_progress_survives_the_owners_death() {
     // The owner dies: no renewal, no release. Its leases expire; the
     // reaper runs.
     drop(owner);
+    // The reaper ends the lease of the cancel-requested item.
     eventually(
-        "the reaper ends the lease of the cancel-requested item",
-        Duration::from_secs(10),
         &pg,
-        "SELECT count(*) FROM lease.job WHERE state <> 'cancelled'",
+        "SELECT count(*) = 0 FROM lease.job WHERE state <> 'cancelled'",
+        Duration::from_secs(10),
     )
     .await;
 
@@ -584,11 +576,11 @@ async fn a_restarted_owner_recovers_its_own_items() {
             Ok(Outcome::Finished)
         }
     }));
+    // The restarted processor finishes its five items.
     eventually(
-        "the restarted processor finishes its five items",
-        Duration::from_secs(5),
         &pg,
-        "SELECT count(*) FROM lease.job WHERE owner = 'proc-1'",
+        "SELECT count(*) = 0 FROM lease.job WHERE owner = 'proc-1'",
+        Duration::from_secs(5),
     )
     .await;
     stop(shutdown, run).await;

@@ -19,10 +19,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use pg_lease_client::{CancellationToken, Outcome, Worker, WorkerConfig};
-use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, Cluster, ClusterConfig, TEST_DB};
 use tokio_postgres::Client;
 
 const ROWS: i64 = 4000;
+
+/// How long replication may take to reach a state.
+const WAIT: Duration = Duration::from_secs(20);
+const STREAMING: &str = "SELECT count(*) > 0 FROM pg_stat_replication WHERE state = 'streaming'";
+const NOT_STREAMING: &str =
+    "SELECT count(*) = 0 FROM pg_stat_replication WHERE state = 'streaming'";
+const SYNCHRONOUS: &str = "SELECT count(*) > 0 FROM pg_stat_replication WHERE sync_state = 'sync'";
 
 fn reaper_conf() -> Vec<String> {
     vec![
@@ -136,50 +143,6 @@ async fn setup_queue(client: &Client) {
         .expect("queue");
 }
 
-async fn wait_for_standby(primary: &Client, streaming: bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let n: i64 = primary
-            .query_one(
-                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_replication")
-            .get(0);
-        if (n > 0) == streaming {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "standby streaming = {streaming} not reached"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn wait_for_sync_standby(primary: &Client) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let n: i64 = primary
-            .query_one(
-                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
-                &[],
-            )
-            .await
-            .expect("pg_stat_replication")
-            .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the standby never became synchronous"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Drains the queue on the new primary; returns every (id, epoch) it claimed.
 async fn drain(client: &Client) -> Vec<(i64, i64)> {
     let mut claimed = Vec::new();
@@ -232,7 +195,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
     setup_queue(&primary.connect().await).await;
     let standby = Cluster::start_standby(&primary, &reaper_conf());
     let watch = primary.connect().await;
-    wait_for_standby(&watch, true).await;
+    eventually(&watch, STREAMING, WAIT).await;
 
     let acked = Arc::new(Mutex::new(Acked::default()));
     // Phase 1: replicated. Phase 2: replication cut, so the standby never
@@ -251,7 +214,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
     ] {
         on_standby.batch_execute(sql).await.expect(sql);
     }
-    wait_for_standby(&watch, false).await;
+    eventually(&watch, NOT_STREAMING, WAIT).await;
     load(
         replicas(&primary).await,
         Arc::clone(&acked),
@@ -416,7 +379,7 @@ async fn sync_failover_loses_no_acknowledged_change() {
     ] {
         watch.batch_execute(sql).await.expect(sql);
     }
-    wait_for_sync_standby(&watch).await;
+    eventually(&watch, SYNCHRONOUS, WAIT).await;
 
     // The primary dies in the middle of the load: whatever was in flight
     // is unacknowledged, everything acknowledged must survive.
@@ -508,7 +471,7 @@ async fn a_worker_follows_the_promoted_standby() {
         .await
         .expect("queue");
     let standby = Cluster::start_standby(&primary, &reaper_conf());
-    wait_for_standby(&primary.connect().await, true).await;
+    eventually(&primary.connect().await, STREAMING, WAIT).await;
 
     let both = format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={TEST_DB} \

@@ -7,9 +7,9 @@
 //! postmaster does not restart it), `a_terminated_launcher_comes_back` failed.
 
 use std::future::poll_fn;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pg_tests::{scalar, Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, scalar, Cluster, ClusterConfig, TEST_DB};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// A cluster with the reaper on and sweeping every 100 ms.
@@ -21,21 +21,6 @@ fn preloaded() -> Cluster {
         ],
         ..Default::default()
     })
-}
-
-/// Polls `sql` (a boolean) until it is true; returns how long that took.
-async fn eventually(client: &Client, sql: &str, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        if scalar::<bool>(client, sql).await {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "not true within {within:?}: {sql}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Claims one row of `queue` with the given ttl; returns (id, epoch).
