@@ -927,29 +927,26 @@ async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> Vec<Held> {
     let refilling = !refill.stopping.is_cancelled();
     let results = join_all(groups.into_iter().map(|(outcome, group)| async move {
         let tokens: Vec<FencingToken> = group.iter().map(|h| h.lease.token()).collect();
-        let (result, claimed) = match tokens.as_slice() {
-            _ if outcome == Outcome::Done && refilling => {
-                let limit = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
-                match ctx
-                    .client
-                    .release_and_claim(owner, &tokens, &cfg.queue, limit, cfg.ttl)
-                    .await
-                {
-                    Ok((released, claimed)) => (Ok(released), claimed),
-                    Err(e) => (Err(e), Vec::new()),
-                }
+        let (result, claimed) = if outcome == Outcome::Done && refilling {
+            let limit = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+            match ctx
+                .client
+                .release_and_claim(owner, &tokens, &cfg.queue, limit, cfg.ttl)
+                .await
+            {
+                Ok((released, claimed)) => (Ok(released), claimed),
+                Err(e) => (Err(e), Vec::new()),
             }
-            [one] => (
-                ctx.client
+        } else {
+            let released = match tokens.as_slice() {
+                [one] => ctx
+                    .client
                     .release_token(owner, *one, &outcome)
                     .await
                     .map(|ok| vec![ok]),
-                Vec::new(),
-            ),
-            _ => (
-                ctx.client.release_batch(owner, &tokens, &outcome).await,
-                Vec::new(),
-            ),
+                _ => ctx.client.release_batch(owner, &tokens, &outcome).await,
+            };
+            (released, Vec::new())
         };
         (outcome, group, result, claimed)
     }))
