@@ -2,10 +2,9 @@
 -- their queue's retention (purge). Both are bounded and skip rows that others
 -- hold locked, so they never wait on a claimer, a renewer or a fence.
 
-CREATE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
+CREATE FUNCTION lease._reap(max_rows integer, only_queue text)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -19,6 +18,7 @@ BEGIN
         SELECT j.id
           FROM lease.job j
          WHERE j.state = 'leased' AND j.lease_until <= t
+           AND (only_queue IS NULL OR j.queue = only_queue)
          ORDER BY j.lease_until
          LIMIT n
            FOR UPDATE SKIP LOCKED
@@ -65,6 +65,17 @@ BEGIN
     END LOOP;
 END
 $$;
+
+COMMENT ON FUNCTION lease._reap(integer, text) IS
+    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
+
+CREATE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM lease._reap(max_rows, NULL);
+END;
 
 COMMENT ON FUNCTION lease.reap(integer) IS
 $$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue

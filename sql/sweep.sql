@@ -28,44 +28,81 @@ DECLARE
     n constant integer := lease.checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     r record;
+    q text;
     problem text;
+    failures text[] := '{}';
 BEGIN
     recovered := 0;
     purged := 0;
-    BEGIN
-        FOR r IN SELECT * FROM lease.reap(n) LOOP
-            recovered := recovered + r.requeued + r.dead + r.cancelled;
-            RAISE LOG 'pg_lease: expired leases in queue "%" of database "%": % back to pending, % dead-lettered, % cancelled',
-                r.queue, current_database(), r.requeued, r.dead, r.cancelled;
-        END LOOP;
-        purged := lease.purge(n);
-    EXCEPTION WHEN OTHERS THEN
-        -- Keep the reason where operators look (reaper_stats and the log),
-        -- count the failed sweep, and let the next one try again.
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        problem := format('%s: %s', SQLSTATE, problem);
-        RAISE WARNING 'pg_lease: sweep of database "%" failed: %', current_database(), problem;
-        UPDATE lease.sweep_state s
-           SET sweeps = s.sweeps + 1, last_error = problem, last_error_at = clock_timestamp();
-        recovered := 0;
-        purged := 0;
+    -- One sweep per database at a time, and never a wait for another one:
+    -- a session that left a sweep open in its transaction must not hold up
+    -- the reaper (nor, through it, other databases).
+    IF NOT pg_try_advisory_xact_lock(hashtext('pg_lease sweep')) THEN
         RETURN NEXT;
         RETURN;
+    END IF;
+    BEGIN
+        FOR r IN SELECT * FROM lease._reap(n, NULL) LOOP
+            recovered := recovered + lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled);
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        -- One queue's rows must not stop the others: reap queue by queue,
+        -- each in its own subtransaction, and record what failed.
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        problem := format('%s: %s', SQLSTATE, problem);
+        FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.state = 'leased' AND j.lease_until <= t LOOP
+            BEGIN
+                FOR r IN SELECT * FROM lease._reap(n, q) LOOP
+                    recovered := recovered + lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled);
+                END LOOP;
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+                problem := format('queue "%s": %s: %s', q, SQLSTATE, problem);
+                failures := failures || problem;
+            END;
+        END LOOP;
     END;
+    BEGIN
+        purged := lease.purge(n);
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('purge: %s: %s', SQLSTATE, problem);
+    END;
+    IF cardinality(failures) > 0 THEN
+        -- Keep the reason where operators look (reaper_stats and the log).
+        problem := array_to_string(failures, '; ');
+        RAISE WARNING 'pg_lease: sweep of database "%" failed in part: %', current_database(), problem;
+    END IF;
     UPDATE lease.sweep_state s
        SET sweeps        = s.sweeps + 1,
            recovered     = s.recovered + sweep.recovered,
            purged        = s.purged + sweep.purged,
            last_sweep_at = t,
-           last_duration = clock_timestamp() - t;
+           last_duration = clock_timestamp() - t,
+           last_error    = CASE WHEN cardinality(failures) > 0 THEN problem ELSE s.last_error END,
+           last_error_at = CASE WHEN cardinality(failures) > 0 THEN clock_timestamp() ELSE s.last_error_at END;
     RETURN NEXT;
 END
 $$;
 
+CREATE FUNCTION lease._log_reaped(queue text, requeued bigint, dead bigint, cancelled bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE LOG 'pg_lease: expired leases in queue "%" of database "%": % back to pending, % dead-lettered, % cancelled',
+        queue, current_database(), requeued, dead, cancelled;
+    RETURN requeued + dead + cancelled;
+END
+$$;
+
+COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
+    'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
+
 COMMENT ON FUNCTION lease.sweep(integer) IS
 $$One bounded housekeeping pass: lease.reap(max_rows) then lease.purge(max_rows); returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
-recorded as last_error, so the pass itself never fails. The pg_lease background worker calls this every
+recorded as last_error, so the pass itself never fails: if reaping fails, each queue is reaped on its own,
+so one queue's rows cannot stop the others. Returns (0, 0) at once while another sweep of this database runs. The pg_lease background worker calls this every
 lease.sweep_interval; without preloading, call it from any scheduler.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 

@@ -17,6 +17,12 @@ pub static REAPER_ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// its expiry.
 pub static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
+/// `lease.discovery_interval` (s): how often the launcher looks again for
+/// pg_lease in a database where it was absent. `CREATE EXTENSION` asks for
+/// a look at once, so this only bounds how late an install is noticed when
+/// that request is lost (two installs at the same moment).
+pub static DISCOVERY_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+
 /// `lease.sweep_batch`: rows reaped or purged per transaction; a sweep runs
 /// at most [`MAX_BATCHES_PER_SWEEP`] such transactions per database.
 pub static SWEEP_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -53,6 +59,16 @@ pub fn define() {
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
+        c"lease.discovery_interval",
+        c"How often the reaper looks again for pg_lease in a database that does not have it.",
+        c"CREATE EXTENSION pg_lease asks for a look at once; this is the fallback.",
+        &DISCOVERY_INTERVAL_S,
+        1,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
         c"lease.sweep_batch",
         c"Rows the reaper recovers or purges per transaction.",
         c"Each database gets at most 10 such transactions per pass.",
@@ -76,6 +92,11 @@ pub fn define() {
 /// The current `lease.sweep_interval`.
 pub fn sweep_interval() -> Duration {
     Duration::from_millis(u64::try_from(SWEEP_INTERVAL_MS.get()).unwrap_or(1000))
+}
+
+/// The current `lease.discovery_interval`.
+pub fn discovery_interval() -> Duration {
+    Duration::from_secs(u64::try_from(DISCOVERY_INTERVAL_S.get()).unwrap_or(60))
 }
 
 /// The current `lease.database`, `postgres` if unset.

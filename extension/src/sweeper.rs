@@ -5,6 +5,7 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags
 use pgrx::prelude::*;
 
 use crate::settings;
+use crate::shared::{self, Verdict};
 
 /// `backend_type` of a sweeper in `pg_stat_activity`.
 pub const SWEEPER_TYPE: &str = "pg_lease reaper";
@@ -33,6 +34,13 @@ pub fn sweep(oid: pg_sys::Oid, name: &str) {
 }
 
 /// Entry point of a sweeper process; the argument is the database's oid.
+///
+/// It connects as the bootstrap superuser (PostgreSQL 15 lets a worker
+/// connect only as a role that may log in), and the database's owner
+/// chooses that database's settings (`ALTER DATABASE ... SET`). So before
+/// anything resolves a name, the search_path is pinned; every operator and
+/// function after that is schema-qualified; and the sweep itself runs as
+/// `lease_admin`, the least role that may call `lease.sweep`.
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
@@ -45,7 +53,7 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
     for _ in 0..settings::MAX_BATCHES_PER_SWEEP {
         // One short transaction per batch: its timestamps are fresh and it
         // holds row locks only briefly.
-        let full = BackgroundWorker::transaction(|| sweep_once(batch));
+        let full = BackgroundWorker::transaction(|| sweep_once(oid, batch));
         if !full || BackgroundWorker::sigterm_received() {
             break;
         }
@@ -54,22 +62,37 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
 
 /// Runs one `lease.sweep(batch)` if this database has pg_lease; returns
 /// whether a batch came back full (so another one may be worth running).
-fn sweep_once(batch: i32) -> bool {
+fn sweep_once(oid: pg_sys::Oid, batch: i32) -> bool {
     let outcome = Spi::connect_mut(|client| {
+        // A utility statement: it resolves no operator or function.
+        client.update("SET LOCAL search_path = pg_catalog, pg_temp", None, &[])?;
         let installed = client
             .select(
-                "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_lease')",
+                "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension
+                                 WHERE extname OPERATOR(pg_catalog.=) 'pg_lease'::pg_catalog.name)",
                 None,
                 &[],
             )?
             .first()
-            .get_one::<bool>()?;
-        if installed != Some(true) {
+            .get_one::<bool>()?
+            == Some(true);
+        shared::report(
+            oid,
+            if installed {
+                Verdict::Installed
+            } else {
+                Verdict::Absent
+            },
+        );
+        if !installed {
             return Ok(false);
         }
-        // A sweep never waits on rows (SKIP LOCKED); these bound the rest.
+        // A sweep never waits on rows (SKIP LOCKED) nor on another sweep
+        // (it skips the pass); these bound the rest, so that one stuck
+        // database delays the others by at most a fraction of a second.
         client.update(
-            "SET LOCAL lock_timeout = '5s'; SET LOCAL statement_timeout = '60s'",
+            "SET LOCAL lock_timeout = '200ms'; SET LOCAL statement_timeout = '60s';
+             SET LOCAL ROLE lease_admin",
             None,
             &[],
         )?;

@@ -737,19 +737,39 @@ mod tests {
         assert_eq!(sqlstate("SELECT lease.sweep(0)"), "22023");
     }
 
+    /// One queue's rows must not stop the reaper for the others. On main at
+    /// 3729e87 the whole sweep failed and the good queue's expired lease
+    /// stayed leased.
     #[pg_test]
-    fn a_failing_sweep_records_its_error_and_changes_nothing_else() {
-        // A backoff so long that next_at overflows timestamptz: reap fails.
-        run("SELECT lease.create_queue('q', backoff_base => '1000000 years', backoff_max => '1000000 years')");
-        let id = int("SELECT lease.enqueue('q', '{}')");
-        run("SELECT lease.claim_pending(1, '10 milliseconds', 'w', 'q')");
+    fn a_failing_queue_is_recorded_and_stops_no_other_queue() {
+        // One queue whose rows cannot be reaped (a trigger, standing in for
+        // any error a row could raise), one whose rows can.
+        run("SELECT lease.create_queue('bad'); SELECT lease.create_queue('good')");
+        run(
+            "CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'P0001'; END $$",
+        );
+        run(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON lease.job FOR EACH ROW
+             WHEN (OLD.queue = 'bad') EXECUTE FUNCTION pg_temp.refuse()",
+        );
+        let bad = int("SELECT lease.enqueue('bad', '{}')");
+        let good = int("SELECT lease.enqueue('good', '{}')");
+        run("SELECT lease.claim_pending(1, '10 milliseconds', 'w', 'good')");
+        run("ALTER TABLE lease.job DISABLE TRIGGER refuse");
+        run("SELECT lease.claim_pending(1, '10 milliseconds', 'w', 'bad')");
+        run("ALTER TABLE lease.job ENABLE TRIGGER refuse");
         run("SELECT pg_sleep(0.05)");
-        assert!(check("SELECT recovered = 0 FROM lease.sweep()"));
+        assert!(check("SELECT recovered = 1 FROM lease.sweep()"));
         assert!(check(
-            "SELECT sweeps = 1 AND last_error LIKE '22008:%' AND last_error_at IS NOT NULL FROM lease.reaper_stats"
+            "SELECT sweeps = 1 AND last_error LIKE 'queue \"bad\": P0001: refused%' AND last_error_at IS NOT NULL
+               FROM lease.reaper_stats"
         ));
         assert!(check(&format!(
-            "SELECT state = 'leased' FROM lease.job WHERE id = {id}"
+            "SELECT state = 'leased' FROM lease.job WHERE id = {bad}"
+        )));
+        assert!(check(&format!(
+            "SELECT state = 'pending' FROM lease.job WHERE id = {good}"
         )));
     }
 

@@ -1,0 +1,133 @@
+//! What the reaper's processes tell each other through shared memory.
+//!
+//! The launcher must learn which databases have pg_lease without connecting
+//! to each of them every pass: a sweeper reports what it found in its
+//! database ([`report`], read back by [`take_verdict`]), and
+//! `CREATE EXTENSION` asks the launcher to look at its database now
+//! ([`request_discovery`]) instead of at the next rare re-check.
+//!
+//! All of it exists only when pg_lease is preloaded; elsewhere the functions
+//! do nothing and report nothing.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PgAtomic};
+
+/// Set by `_PG_init` while preloading; forked backends inherit it, so it
+/// tells every process whether the shared state below exists.
+static PRELOADED: AtomicBool = AtomicBool::new(false);
+
+/// The last sweeper's finding: `oid << 8 | verdict`. The launcher runs one
+/// sweeper at a time and clears this before starting it.
+static VERDICT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease sweep verdict") };
+
+/// A database that just ran `CREATE EXTENSION pg_lease` (0: none).
+static DISCOVER: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"pg_lease discover") };
+
+/// Address of the launcher's latch in shared memory (0 while none runs).
+static LAUNCHER_LATCH: PgAtomic<AtomicUsize> = unsafe { PgAtomic::new(c"pg_lease launcher latch") };
+
+/// What a sweeper found in its database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// pg_lease is installed there (and was swept, or tried).
+    Installed,
+    /// pg_lease is not installed there.
+    Absent,
+}
+
+/// Reserves the shared state; call from `_PG_init` while preloading.
+pub fn init() {
+    pg_shmem_init!(VERDICT = AtomicU64::new(0));
+    pg_shmem_init!(DISCOVER = AtomicU32::new(0));
+    pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
+    PRELOADED.store(true, Ordering::Relaxed);
+}
+
+fn preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
+/// Sweeper side: records what it found in database `oid`.
+pub fn report(oid: pg_sys::Oid, verdict: Verdict) {
+    if preloaded() {
+        let code = match verdict {
+            Verdict::Installed => 1,
+            Verdict::Absent => 2,
+        };
+        VERDICT
+            .get()
+            .store((u64::from(oid.to_u32()) << 8) | code, Ordering::Release);
+    }
+}
+
+/// Launcher side: forgets any earlier verdict before a sweeper starts.
+pub fn clear_verdict() {
+    if preloaded() {
+        VERDICT.get().store(0, Ordering::Release);
+    }
+}
+
+/// Launcher side: what the sweeper of `oid` reported, if it got that far.
+pub fn take_verdict(oid: pg_sys::Oid) -> Option<Verdict> {
+    if !preloaded() {
+        return None;
+    }
+    let word = VERDICT.get().swap(0, Ordering::AcqRel);
+    if word >> 8 != u64::from(oid.to_u32()) {
+        return None;
+    }
+    match word & 0xff {
+        1 => Some(Verdict::Installed),
+        2 => Some(Verdict::Absent),
+        _ => None,
+    }
+}
+
+/// Launcher side: publishes its latch so installs can wake it.
+pub fn publish_launcher_latch() {
+    if preloaded() {
+        let latch = unsafe { pg_sys::MyLatch } as usize;
+        LAUNCHER_LATCH.get().store(latch, Ordering::Release);
+    }
+}
+
+/// Launcher side: the database an install asked about since the last call.
+pub fn take_discovery() -> Option<pg_sys::Oid> {
+    if !preloaded() {
+        return None;
+    }
+    match DISCOVER.get().swap(0, Ordering::AcqRel) {
+        0 => None,
+        oid => Some(pg_sys::Oid::from(oid)),
+    }
+}
+
+/// Asks the launcher to look for pg_lease in the current database soon; a
+/// no-op where pg_lease is not preloaded. Called by the install script.
+#[pg_extern(volatile, parallel_unsafe, name = "_reaper_discover")]
+fn reaper_discover() {
+    if !preloaded() {
+        return;
+    }
+    DISCOVER
+        .get()
+        .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
+    let latch = LAUNCHER_LATCH.get().load(Ordering::Acquire);
+    if latch != 0 {
+        // The latch lives in the launcher's PGPROC, in shared memory, which
+        // every backend maps at the same address.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+pgrx::extension_sql!(
+    r#"
+COMMENT ON FUNCTION lease._reaper_discover() IS
+$$Internal: asks the preloaded reaper to look for pg_lease in this database now (the install script
+calls it); does nothing where pg_lease is not preloaded.$$;
+"#,
+    name = "reaper_discover_comment",
+    requires = [reaper_discover],
+);
