@@ -6,81 +6,94 @@
 -- renewed, released, fenced, cancelled and reaped exactly like queue rows.
 --
 -- The lease state lives beside the domain table, not in it: the domain table
--- gets no columns, only four row triggers whose WHEN clauses are the
--- predicate itself, evaluated inline by the executor. A write that does not
--- change the predicate's value (or the key of a matching row) fires nothing
--- and touches no lease.job row; measured with pgbench, see the README. When
--- the value changes, lease.attached_row_changed passes the key to
--- lease.sync_attached: rows that start matching become claimable, rows that
--- stop matching (or are deleted) lose their lease at once.
+-- gets no columns, only row triggers whose WHEN clauses are the predicate
+-- itself, evaluated inline by the executor. A write that does not change the
+-- predicate's value (or the key of a matching row) fires nothing and touches
+-- no lease.job row; measured with pgbench, see the README. When the value
+-- changes, lease._attached_row_changed adds or removes that key's job row:
+-- rows that start matching become claimable, rows that stop matching (or are
+-- deleted) lose their lease at once. TRUNCATE removes them all, DROP TABLE
+-- the attachment with its queue, and a renamed key column is followed.
 --
--- The predicate is evaluated as the role that writes the domain table (the
--- trigger function is SECURITY INVOKER), never with the extension owner's
--- rights; only keys cross into SECURITY DEFINER code.
+-- Trust: the predicate is only ever evaluated with the rights of the role
+-- that writes the table (the WHEN clause) or attaches it (the first scan),
+-- never with the extension owner's. The trigger function runs as the
+-- extension owner, reads nothing of the row but its key, and acts only on
+-- the queue attached to the very table it fires on, so a trigger that any
+-- role creates on a table of its own cannot reach another queue.
 
 CREATE TABLE lease.attachment (
     queue       text PRIMARY KEY REFERENCES lease.queue (name),
     rel         regclass NOT NULL UNIQUE,
-    key_column  name NOT NULL,
+    -- By number, so that renaming the key column changes nothing.
+    key_attnum  smallint NOT NULL,
     pending     text NOT NULL,
     attached_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
 COMMENT ON TABLE lease.attachment IS
-    'Domain tables attached with lease.attach(): their queue, primary-key column and pending predicate.';
+    'Domain tables attached with lease.attach(): their queue, primary-key column (by number) and pending predicate.';
 
--- Fired only when a row starts matching (TG_ARGV[2] = 'start': insert, or an
--- update into the predicate or to a new key) or stops matching ('stop').
-CREATE FUNCTION lease.attached_row_changed() RETURNS trigger
-LANGUAGE plpgsql
+-- The key column's current name, if it is still a key type attach supports:
+-- the trigger function casts the key to text as the extension owner, and a
+-- user-defined type's cast would run its owner's code.
+CREATE FUNCTION lease._attached_key_column(queue text, rel oid) RETURNS name
+LANGUAGE sql STABLE
+RETURN (SELECT a.attname
+          FROM lease.attachment t
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = t.rel AND a.attnum = t.key_attnum
+         WHERE t.queue = _attached_key_column.queue AND t.rel = _attached_key_column.rel
+           AND NOT a.attisdropped
+           AND a.atttypid IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype,
+                              'uuid'::regtype, 'text'::regtype, 'character varying'::regtype));
+
+COMMENT ON FUNCTION lease._attached_key_column(text, oid) IS
+    'Internal: the current name of the key column of table REL attached to QUEUE; NULL if there is no such attachment or the column was dropped or retyped to a type attach does not support.';
+
+CREATE FUNCTION lease._attached_row_changed() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    queue constant text := TG_ARGV[0];
-    key_column constant text := TG_ARGV[1];
+    q constant text := TG_ARGV[0];
+    col constant name := lease._attached_key_column(q, TG_RELID);
+    k text;
 BEGIN
-    IF TG_ARGV[2] = 'start' THEN
-        PERFORM lease.sync_attached(queue, ARRAY[to_jsonb(NEW) ->> key_column], '{}');
+    IF col IS NULL THEN
+        RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Only lease.attach creates these triggers; the key column must keep a supported type.';
+    END IF;
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM lease.job j WHERE j.queue = q;
+        RETURN NULL;
+    END IF;
+    IF TG_ARGV[1] = 'start' THEN
+        EXECUTE format('SELECT ($1).%I::text', col) INTO k USING NEW;
+        -- A row that still has a job row (dead or cancelled) keeps it: it
+        -- is not new work.
+        INSERT INTO lease.job (queue, key, payload, next_at, created_at)
+        VALUES (q, k, '{}', clock_timestamp(), clock_timestamp())
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+        IF FOUND THEN
+            PERFORM lease.wake(q, 1);
+        END IF;
     ELSE
-        PERFORM lease.sync_attached(queue, '{}', ARRAY[to_jsonb(OLD) ->> key_column]);
+        -- Stopped matching (the domain moved on, or the row is gone): the
+        -- row is no longer claimable and any lease on it ends now.
+        EXECUTE format('SELECT ($1).%I::text', col) INTO k USING OLD;
+        DELETE FROM lease.job j WHERE j.queue = q AND j.key = k;
     END IF;
     RETURN NULL;
 END
 $$;
 
-COMMENT ON FUNCTION lease.attached_row_changed() IS
-$$Internal row trigger of attached tables, arguments (queue, key column, 'start' | 'stop'): passes the
-key of a row that started or stopped matching the pending predicate to lease.sync_attached. Runs as the
-role writing the table.$$;
-
-CREATE FUNCTION lease.sync_attached(queue text, became text[], ceased text[]) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-    -- Stopped matching (the domain moved on, or the row is gone): the row is
-    -- no longer claimable and any lease on it ends now.
-    IF cardinality(ceased) > 0 THEN
-        DELETE FROM lease.job j WHERE j.queue = sync_attached.queue AND j.key = ANY (ceased);
-    END IF;
-    -- Started matching: claimable at once. A row that still has a job row
-    -- (dead or cancelled) keeps it: it is not new work.
-    IF cardinality(became) > 0 THEN
-        INSERT INTO lease.job (queue, key, payload, next_at, created_at)
-        SELECT sync_attached.queue, k, '{}', clock_timestamp(), clock_timestamp()
-          FROM unnest(became) AS k
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-        IF FOUND THEN
-            PERFORM lease.wake(sync_attached.queue, cardinality(became));
-        END IF;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease.sync_attached(text, text[], text[]) IS
-$$Internal: keys of an attached table that started (BECAME) or stopped (CEASED) matching its pending
-predicate. Ceased keys lose their lease.job row (any lease on it ends); new keys get a pending one.
-Granted to lease_worker: roles that write an attached table must be members.$$;
+COMMENT ON FUNCTION lease._attached_row_changed() IS
+$$Internal trigger function of attached tables, arguments (queue, 'start' | 'stop'): adds the pending job
+row of a row that started matching the predicate, or removes that of a row that stopped matching; on
+TRUNCATE removes them all. Refuses (55000) to act unless it fires on the table attached to that queue.
+EXECUTE is granted to lease_admin only so that lease.attach can create the triggers; a trigger function
+cannot be called directly.$$;
 
 CREATE FUNCTION lease.attach(
     "table"        regclass,
@@ -96,16 +109,20 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     q text := queue;
+    key_attnum smallint;
     key_col name;
     key_type regtype;
     existing text[];
-    expr text;
     now_in text;
     was_in text;
     key_moved text;
 BEGIN
-    PERFORM lease.checked_not_null("table", 'table'), lease.checked_not_null(pending, 'pending');
-    SELECT a.attname, a.atttypid::regtype INTO key_col, key_type
+    -- Runs as the caller: creating triggers proves the caller may, and the
+    -- predicate is parsed and first evaluated with the caller's rights.
+    IF "table" IS NULL OR pending IS NULL THEN
+        RAISE EXCEPTION 'table and pending must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT a.attnum, a.attname, a.atttypid::regtype INTO key_attnum, key_col, key_type
       FROM pg_index i
       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
      WHERE i.indrelid = "table" AND i.indisprimary AND i.indnkeyatts = 1;
@@ -122,45 +139,48 @@ BEGIN
     IF q IS NULL THEN
         SELECT c.relname INTO q FROM pg_class c WHERE c.oid = "table";
     END IF;
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.rel = "table") THEN
-        RAISE EXCEPTION 'table % is already attached', "table" USING ERRCODE = 'duplicate_object';
-    END IF;
 
     -- PostgreSQL parses the predicate (as the caller: an unknown column or a
-    -- syntax error fails here, 42703 or 42601) and prints it back with every
-    -- column qualified by an alias, which then becomes NEW or OLD.
-    EXECUTE format('CREATE TEMP VIEW pg_lease_predicate AS SELECT coalesce((%s), false) AS m FROM %s AS pg_lease_attached_row',
+    -- syntax error fails here, 42703 or 42601), and lease._qualified_predicate
+    -- prints the parse tree back with the columns qualified by NEW and OLD.
+    EXECUTE format('CREATE TEMP VIEW pg_lease_predicate AS SELECT coalesce((%s), false) AS m FROM %s',
                    pending, "table");
-    expr := substring(pg_get_viewdef('pg_temp.pg_lease_predicate'::regclass) FROM '^\s*SELECT (.*) AS m\s+FROM ');
+    now_in := lease._qualified_predicate('pg_temp.pg_lease_predicate'::regclass, "table", 'new');
+    was_in := lease._qualified_predicate('pg_temp.pg_lease_predicate'::regclass, "table", 'old');
     DROP VIEW pg_temp.pg_lease_predicate;
-    now_in := replace(expr, 'pg_lease_attached_row.', 'NEW.');
-    was_in := replace(expr, 'pg_lease_attached_row.', 'OLD.');
     key_moved := format('OLD.%1$I IS DISTINCT FROM NEW.%1$I', key_col);
 
-    PERFORM lease.register_attachment("table", q, key_col, pending, max_attempts, backoff_base,
-                                      backoff_max, dead_retention);
     -- Creating the triggers needs the caller to own the table. The lock it
-    -- takes (SHARE ROW EXCLUSIVE, until commit) keeps concurrent writes out
-    -- until the triggers and the initial rows are in place. A predicate that
-    -- a trigger condition cannot hold (a subquery) fails here: 0A000.
-    EXECUTE format('CREATE TRIGGER pg_lease_start AFTER INSERT ON %s FOR EACH ROW WHEN (%s)
-                    EXECUTE FUNCTION lease.attached_row_changed(%L, %L, ''start'')',
-                   "table", now_in, q, key_col);
-    EXECUTE format('CREATE TRIGGER pg_lease_stop AFTER DELETE ON %s FOR EACH ROW WHEN (%s)
-                    EXECUTE FUNCTION lease.attached_row_changed(%L, %L, ''stop'')',
-                   "table", was_in, q, key_col);
-    EXECUTE format('CREATE TRIGGER pg_lease_update_start AFTER UPDATE ON %s FOR EACH ROW
-                    WHEN ((%s) AND (NOT (%s) OR %s))
-                    EXECUTE FUNCTION lease.attached_row_changed(%L, %L, ''start'')',
-                   "table", now_in, was_in, key_moved, q, key_col);
-    EXECUTE format('CREATE TRIGGER pg_lease_update_stop AFTER UPDATE ON %s FOR EACH ROW
-                    WHEN ((%s) AND (NOT (%s) OR %s))
-                    EXECUTE FUNCTION lease.attached_row_changed(%L, %L, ''stop'')',
-                   "table", was_in, now_in, key_moved, q, key_col);
+    -- takes (SHARE ROW EXCLUSIVE, until commit) keeps concurrent writes, and
+    -- a concurrent attach, out until the triggers and the initial rows are
+    -- in place. A predicate that a trigger condition cannot hold (a
+    -- subquery) fails here: 0A000.
+    BEGIN
+        EXECUTE format('CREATE TRIGGER pg_lease_start AFTER INSERT ON %s FOR EACH ROW WHEN (%s)
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''start'')',
+                       "table", now_in, q);
+        EXECUTE format('CREATE TRIGGER pg_lease_stop AFTER DELETE ON %s FOR EACH ROW WHEN (%s)
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''stop'')',
+                       "table", was_in, q);
+        EXECUTE format('CREATE TRIGGER pg_lease_update_start AFTER UPDATE ON %s FOR EACH ROW
+                        WHEN ((%s) AND (NOT (%s) OR %s))
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''start'')',
+                       "table", now_in, was_in, key_moved, q);
+        EXECUTE format('CREATE TRIGGER pg_lease_update_stop AFTER UPDATE ON %s FOR EACH ROW
+                        WHEN ((%s) AND (NOT (%s) OR %s))
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''stop'')',
+                       "table", was_in, now_in, key_moved, q);
+        EXECUTE format('CREATE TRIGGER pg_lease_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''truncate'')',
+                       "table", q);
+    EXCEPTION WHEN duplicate_object THEN
+        RAISE EXCEPTION 'table % is already attached', "table" USING ERRCODE = 'duplicate_object';
+    END;
     -- The rows matching now become claimable.
     EXECUTE format('SELECT coalesce(array_agg(%I::text), ''{}'') FROM %s WHERE (%s)', key_col, "table", pending)
        INTO existing;
-    PERFORM lease.sync_attached(q, existing, '{}');
+    PERFORM lease._attach_register("table", q, key_attnum, pending, max_attempts, backoff_base,
+                                   backoff_max, dead_retention, existing);
     RETURN q;
 END
 $$;
@@ -170,72 +190,144 @@ $$Makes the rows of TABLE for which PENDING (an SQL boolean expression over the 
 'status = ''SCHEDULED''') holds claimable in queue QUEUE (default: the table's name without schema), with the queue
 options given. claim_pending returns them with key = the primary key as text; renew, release,
 fenced_update, fence, cancel and the reaper work as for any queue. Rows that start matching later
-become claimable; rows that stop matching (or are deleted) stop being claimable and their lease ends.
+become claimable; rows that stop matching (or are deleted, or truncated) stop being claimable and their
+lease ends; DROP TABLE detaches. lease.enqueue refuses the queue (42809).
 The predicate may use the row's columns and functions of them, no subqueries; it is evaluated when a
-row is written, so it must not depend on the time or on other tables. Returns the queue name. The caller must own the table. Errors: 22004 table or pending NULL; 0A000 no
-single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710 already
-attached; 42601, 42703, 42804: the predicate does not parse as a boolean over the table's columns;
-0A000: it contains a subquery; 22023 bad queue option.$$;
+row is written, as the writing role, so it must not depend on the time or on other tables. Returns the
+queue name. The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL;
+0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
+already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
+over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner; 22023 bad queue
+option.$$;
 
-CREATE FUNCTION lease.register_attachment(
-    rel regclass, queue text, key_column name, pending text, max_attempts integer,
-    backoff_base interval, backoff_max interval, dead_retention interval
+CREATE FUNCTION lease._attach_register(
+    rel regclass, queue text, key_attnum smallint, pending text, max_attempts integer,
+    backoff_base interval, backoff_max interval, dead_retention interval, existing text[]
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+-- ON CONFLICT (queue, key) names columns.
+#variable_conflict use_column
 BEGIN
-    IF EXISTS (SELECT FROM lease.queue q WHERE q.name = register_attachment.queue) THEN
+    -- Callable by any lease_admin, so it checks for itself what lease.attach
+    -- established: the calling role owns the table.
+    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.rel = _attach_register.rel) THEN
+        RAISE EXCEPTION 'table % is already attached', rel USING ERRCODE = 'duplicate_object';
+    END IF;
+    IF EXISTS (SELECT FROM lease.queue q WHERE q.name = _attach_register.queue) THEN
         RAISE EXCEPTION 'queue "%" already exists', queue
             USING ERRCODE = 'duplicate_object', HINT = 'Pass another queue name to attach.';
     END IF;
     -- Retention 0: a finished row is deleted, so the domain row starts
     -- afresh (a new id, hence a new token) when it matches again.
     PERFORM lease.create_queue(queue, max_attempts, backoff_base, backoff_max, '0', dead_retention);
-    INSERT INTO lease.attachment (queue, rel, key_column, pending)
-    VALUES (queue, rel, key_column, pending);
+    UPDATE lease.queue q SET attached = true WHERE q.name = _attach_register.queue;
+    INSERT INTO lease.attachment (queue, rel, key_attnum, pending)
+    VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.pending);
+    INSERT INTO lease.job (queue, key, payload, next_at, created_at)
+    SELECT _attach_register.queue, k, '{}', clock_timestamp(), clock_timestamp()
+      FROM unnest(existing) AS k
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    IF cardinality(existing) > 0 THEN
+        PERFORM lease.wake(_attach_register.queue, cardinality(existing));
+    END IF;
 END
 $$;
 
-COMMENT ON FUNCTION lease.register_attachment(regclass, text, name, text, integer, interval, interval, interval) IS
-$$Internal part of lease.attach that needs the extension owner's rights: creates the queue and records
-the attachment. Errors: 42710 the queue exists; 22023 bad queue option.$$;
+COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, text, integer, interval, interval, interval, text[]) IS
+$$Internal part of lease.attach that needs the extension owner's rights: creates the queue, records the
+attachment and makes the EXISTING keys claimable. Granted to lease_admin because lease.attach runs as
+its caller; refuses (42501) unless the calling role owns the table. Errors: 42710 the table is attached
+or the queue exists; 22023 bad queue option.$$;
 
 CREATE FUNCTION lease.detach("table" regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    q text;
 BEGIN
-    PERFORM lease.checked_not_null("table", 'table');
-    SELECT a.queue INTO q FROM lease.attachment a WHERE a.rel = "table";
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'table % is not attached', "table" USING ERRCODE = 'undefined_object';
+    IF "table" IS NULL THEN
+        RAISE EXCEPTION 'table must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     -- Dropping the triggers needs the caller to own the table.
-    EXECUTE format('DROP TRIGGER pg_lease_start ON %s', "table");
-    EXECUTE format('DROP TRIGGER pg_lease_stop ON %s', "table");
-    EXECUTE format('DROP TRIGGER pg_lease_update_start ON %s', "table");
-    EXECUTE format('DROP TRIGGER pg_lease_update_stop ON %s', "table");
-    RETURN lease.unregister_attachment(q);
+    EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_start ON %1$s;
+                    DROP TRIGGER IF EXISTS pg_lease_stop ON %1$s;
+                    DROP TRIGGER IF EXISTS pg_lease_update_start ON %1$s;
+                    DROP TRIGGER IF EXISTS pg_lease_update_stop ON %1$s;
+                    DROP TRIGGER IF EXISTS pg_lease_truncate ON %1$s', "table");
+    RETURN lease._detach_unregister("table");
 END
 $$;
 
 COMMENT ON FUNCTION lease.detach(regclass) IS
 $$Undoes lease.attach on TABLE: drops its triggers, its queue and every lease.job row of it (held leases
 end), and returns how many rows were removed. The domain table's data is not touched. The caller must
-own the table. Errors: 22004 table NULL; 42704 not attached.$$;
+own the table. Errors: 22004 table NULL; 42704 not attached; 42501 not the table's owner.$$;
 
-CREATE FUNCTION lease.unregister_attachment(queue text) RETURNS bigint
+CREATE FUNCTION lease._detach_unregister(rel regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    q text;
 BEGIN
-    DELETE FROM lease.attachment a WHERE a.queue = unregister_attachment.queue;
-    RETURN lease.drop_queue(queue, force => true);
+    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    DELETE FROM lease.attachment a WHERE a.rel = _detach_unregister.rel RETURNING a.queue INTO q;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table % is not attached', rel USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN lease._drop_attached_queue(q);
 END
 $$;
 
-COMMENT ON FUNCTION lease.unregister_attachment(text) IS
-    'Internal part of lease.detach that needs the extension owner''s rights: removes the attachment, its queue and its rows.';
+COMMENT ON FUNCTION lease._detach_unregister(regclass) IS
+$$Internal part of lease.detach that needs the extension owner's rights: removes the attachment, its queue
+and its rows. Granted to lease_admin because lease.detach runs as its caller; refuses (42501) unless the
+calling role owns the table.$$;
+
+CREATE FUNCTION lease._drop_attached_queue(queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    removed bigint;
+BEGIN
+    DELETE FROM lease.job j WHERE j.queue = _drop_attached_queue.queue;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.queue q WHERE q.name = _drop_attached_queue.queue;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease._drop_attached_queue(text) IS
+    'Internal: deletes the rows and the queue of a detached table; returns how many rows.';
+
+-- DROP TABLE (or DROP SCHEMA ... CASCADE) of an attached table takes its
+-- attachment, queue and rows along, so the name can be attached again.
+CREATE FUNCTION lease._forget_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q text;
+BEGIN
+    FOR q IN
+        DELETE FROM lease.attachment a
+         USING pg_event_trigger_dropped_objects() d
+         WHERE d.classid = 'pg_class'::regclass AND d.objid = a.rel::oid AND d.objsubid = 0
+        RETURNING a.queue
+    LOOP
+        PERFORM lease._drop_attached_queue(q);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._forget_dropped_tables() IS
+    'Internal event trigger function (sql_drop): forgets the attachments of dropped tables with their queues and rows.';
+
+CREATE EVENT TRIGGER pg_lease_forget_dropped_tables ON sql_drop
+EXECUTE FUNCTION lease._forget_dropped_tables();

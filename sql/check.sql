@@ -18,12 +18,32 @@ RETURN coalesce(owner <> '' AND length(owner) <= 256, false);
 COMMENT ON FUNCTION lease.valid_owner(text) IS
     'Internal: whether owner is 1 to 256 characters long (false for NULL).';
 
+-- Intervals are checked by the time they add, not by interval comparison:
+-- comparison counts a month as 30 days, so '1000 years -359999 days'
+-- compares equal to one day yet adds 5,242 days to a timestamp. A month
+-- part is refused outright, since what it adds depends on the date.
 CREATE FUNCTION lease.valid_ttl(ttl interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN coalesce(ttl > interval '0' AND ttl <= interval '1 day', false);
+RETURN coalesce(date_part('epoch', ttl) > 0 AND date_part('epoch', ttl) <= 86400
+                AND date_part('year', ttl) = 0 AND date_part('month', ttl) = 0, false);
 
 COMMENT ON FUNCTION lease.valid_ttl(interval) IS
-    'Internal: whether 0 < ttl <= 1 day (false for NULL).';
+    'Internal: whether ttl adds more than 0 and at most 86400 seconds, with no month part (false for NULL).';
+
+CREATE FUNCTION lease.valid_span(span interval, longest interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(date_part('epoch', span) >= 0 AND date_part('epoch', span) <= date_part('epoch', longest)
+                AND date_part('year', span) = 0 AND date_part('month', span) = 0, false);
+
+COMMENT ON FUNCTION lease.valid_span(interval, interval) IS
+    'Internal: whether span is finite, without a month part, and between 0 and longest seconds (false for NULL).';
+
+CREATE FUNCTION lease.valid_time(t timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN t IS NULL OR isfinite(t);
+
+COMMENT ON FUNCTION lease.valid_time(timestamptz) IS
+    'Internal: whether an optional time is NULL or finite (''infinity'' and ''-infinity'' are not).';
 
 CREATE FUNCTION lease.valid_limit(n integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -65,7 +85,7 @@ BEGIN
         RAISE EXCEPTION 'ttl must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF NOT lease.valid_ttl(ttl) THEN
-        RAISE EXCEPTION 'ttl must be greater than 0 and at most 1 day (got %)', ttl
+        RAISE EXCEPTION 'ttl must be greater than 0 and at most 1 day, without months (got %)', ttl
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Renew long work with lease.renew instead of taking a long lease.';
     END IF;
@@ -74,7 +94,39 @@ END
 $$;
 
 COMMENT ON FUNCTION lease.checked_ttl(interval) IS
-    'Internal: returns ttl, or raises 22004 if NULL, 22023 unless 0 < ttl <= 1 day.';
+    'Internal: returns ttl, or raises 22004 if NULL, 22023 unless it adds more than 0 and at most 1 day (no months).';
+
+CREATE FUNCTION lease.checked_time(t timestamptz, what text) RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF NOT lease.valid_time(t) THEN
+        RAISE EXCEPTION '% must be a finite time (got %)', what, t USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN t;
+END
+$$;
+
+COMMENT ON FUNCTION lease.checked_time(timestamptz, text) IS
+    'Internal: returns t, or raises 22023 naming the argument when it is infinity or -infinity.';
+
+CREATE FUNCTION lease.checked_span(span interval, longest interval, what text) RETURNS interval
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF span IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT lease.valid_span(span, longest) THEN
+        RAISE EXCEPTION '% must be between 0 and %, without months (got %)', what, longest, span
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN span;
+END
+$$;
+
+COMMENT ON FUNCTION lease.checked_span(interval, interval, text) IS
+    'Internal: returns span, or raises 22004 if NULL, 22023 unless it is finite, has no month part and lies in [0, longest].';
 
 CREATE FUNCTION lease.checked_limit(n integer) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -146,9 +198,13 @@ COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer) IS
     'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag and attempts.';
 
 -- Exponential backoff after the given attempt: base * 2^(attempt-1), capped.
+-- Computed in seconds (double precision) and capped before it becomes an
+-- interval, so no attempt count can overflow it: with base 30 s, attempt 40
+-- overflowed interval arithmetic (22008) and stopped every sweep.
 CREATE FUNCTION lease.backoff(attempt integer, base interval, cap interval) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN least(cap, base * power(2, least(greatest(attempt - 1, 0), 40)));
+RETURN make_interval(secs => least(date_part('epoch', cap),
+                                   date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
 COMMENT ON FUNCTION lease.backoff(integer, interval, interval) IS
     'Internal: delay before the next attempt, base * 2^(attempt-1) capped at cap.';

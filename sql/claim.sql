@@ -30,6 +30,7 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
+    PERFORM lease._check_access(q, '{work}');
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
     --    the executor and lease more than n rows (PostgreSQL bug #15715);
@@ -70,7 +71,7 @@ in order of priority (highest first), next-eligible time, id; rows locked by oth
 never waited for. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
-over 256 characters; 42704 no such queue.$$;
+over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
 
 CREATE FUNCTION lease.reclaim_own(
     "limit" integer,
@@ -88,15 +89,19 @@ DECLARE
     q constant text := lease.checked_queue(queue);
     f constant bigint := lease.epoch_floor();
 BEGIN
+    PERFORM lease._check_access(q, '{work}');
     -- A process restarted under a stable owner name (a StatefulSet
     -- hostname) takes back what its earlier incarnation held, at once and
     -- under new epochs, instead of waiting for those leases to expire. The
     -- earlier incarnation, if it is in fact still running, is fenced off.
+    -- Each reclaim spends an attempt; a row that has spent them all is left
+    -- to expire, and the reaper dead-letters it, so attempts stay bounded.
     RETURN QUERY
     WITH picked AS MATERIALIZED (
         SELECT j.id
           FROM lease.job j
          WHERE j.queue = q AND j.state = 'leased' AND j.owner = o
+           AND j.attempt < (SELECT qu.max_attempts FROM lease.queue qu WHERE qu.name = q)
          ORDER BY j.id
          LIMIT n
            FOR UPDATE SKIP LOCKED
@@ -113,9 +118,11 @@ $$;
 COMMENT ON FUNCTION lease.reclaim_own(integer, interval, text, text) IS
 $$For a process restarted under the same OWNER name: leases again, under new epochs and for TTL, up to
 LIMIT rows of QUEUE that OWNER still holds (expired or not, but not yet reaped), so its in-progress work
-resumes at once. The earlier incarnation's tokens are fenced. Call it once at start-up, before any
-claim: rows the current incarnation holds would be re-issued too.
-Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue.$$;
+resumes at once. The earlier incarnation's tokens are fenced. Each reclaim spends an attempt; rows that
+have spent max_attempts are not reclaimed (they expire and are dead-lettered). Call it once at start-up,
+before any claim: rows the current incarnation holds would be re-issued too.
+Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
+is restricted and the caller may not work it.$$;
 
 CREATE FUNCTION lease.release_and_claim(
     ids     bigint[],

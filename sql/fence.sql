@@ -8,7 +8,7 @@ AS $$
 DECLARE
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch');
+            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
     IF jsonb_typeof(patch) <> 'object' THEN
         RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
             USING ERRCODE = 'invalid_parameter_value';
@@ -24,7 +24,8 @@ $$;
 COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
 $$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
 is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object.$$;
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+and the caller may not work it.$$;
 
 CREATE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -33,7 +34,8 @@ AS $$
 DECLARE
     until timestamptz;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease._check_rows(ARRAY[id], '{work}');
     -- FOR SHARE holds the row until the caller's transaction ends: the reaper
     -- and claimers skip or wait for it, so no new epoch can be issued before
     -- the caller's own writes commit.
@@ -56,4 +58,5 @@ COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
 $$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
 current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
 follow in the same transaction are ordered before any takeover. Call it first, then write your tables.
-Errors: LE001 lease not held (roll back); 22004 an argument NULL.$$;
+Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
+and the caller may not work it.$$;

@@ -27,6 +27,7 @@ BEGIN
         PERFORM lease.checked_owner(o), lease.checked_ttl(d),
                 lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     END IF;
+    PERFORM lease._check_rows(ARRAY[id], '{work}');
     UPDATE lease.job j
        SET lease_until = clock_timestamp() + d
      WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
@@ -44,7 +45,8 @@ COMMENT ON FUNCTION lease.renew(bigint, text, bigint, interval) IS
 $$Extends OWNER's lease on row ID at EPOCH to now + TTL (database clock). Returns (id, held, lease_until,
 cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
 means lease.cancel was called and the owner should stop and release.
-Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters.$$;
+Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters;
+42501 the row's queue is restricted and the caller may not work it.$$;
 
 CREATE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval)
 RETURNS SETOF lease.renewal
@@ -55,7 +57,7 @@ DECLARE
     o constant text := lease.checked_owner(owner);
     d constant interval := lease.checked_ttl(ttl);
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs);
+    PERFORM lease.checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
     RETURN QUERY
     WITH renewed AS (
         UPDATE lease.job j
@@ -79,7 +81,7 @@ COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval) IS
 $$lease.renew for many leases of one owner in one statement (one round trip per heartbeat). ids[i] goes
 with epochs[i]; returns one lease.renewal per element, in input order.
 Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
-elements, ttl or owner invalid.$$;
+elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
 
 CREATE FUNCTION lease.checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -144,6 +146,10 @@ BEGIN
         PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
                 lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     END IF;
+    IF NOT lease.valid_time(retry_at) THEN
+        PERFORM lease.checked_time(retry_at, 'retry_at');
+    END IF;
+    PERFORM lease._check_rows(ARRAY[id], '{work}');
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
@@ -181,7 +187,8 @@ Outcomes: 'done' (finished; deleted at once if the queue's retention is 0), 'ret
 retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' (dead letter now),
 'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
 into 'cancelled'. error is kept in last_error.
-Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters.$$;
+Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters, retry_at
+infinite; 42501 the row's queue is restricted and the caller may not work it.$$;
 
 CREATE FUNCTION lease.release_batch(
     ids      bigint[],
@@ -201,7 +208,8 @@ DECLARE
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs);
+    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at'),
+            lease._check_rows(ids, '{work}');
     IF oc = 'done' THEN
         WITH deleted AS (
             DELETE FROM lease.job j
@@ -254,4 +262,5 @@ COMMENT ON FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestam
 $$lease.release for many leases of one owner with one outcome, in one statement (batched completions).
 ids[i] goes with epochs[i]; returns (id, released) per element in input order.
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
-unknown outcome, owner invalid.$$;
+unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
+not work it.$$;

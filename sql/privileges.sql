@@ -1,18 +1,21 @@
 -- Role model.
 --
 --   lease_worker  replicas: enqueue, claim, renew, release, fenced writes,
---                 cancel, named leases. Cannot read or write the tables
---                 directly, so it can act only through the fenced functions.
---                 Roles that write an attached table need it too (its
---                 triggers sync the lease rows as the writing role).
---   lease_admin   operators: everything lease_worker can, plus creating and
---                 dropping queues, attaching tables, reap, purge, sweep and
---                 the monitoring views.
+--                 cancel, named leases, on every queue that is not
+--                 restricted and on restricted ones they were granted
+--                 (access.sql). Cannot read or write the tables directly,
+--                 so it can act only through the fenced functions.
+--   lease_admin   operators: everything lease_worker can on every queue,
+--                 plus creating and dropping queues, granting access,
+--                 attaching tables they own, reap, purge, sweep and the
+--                 monitoring views.
 --
 -- Both are NOLOGIN group roles: GRANT them to your login roles. PUBLIC gets
--- nothing: no schema usage, no function, no table. Roles are cluster-wide and
--- outlive DROP EXTENSION; creating the extension in a second database reuses
--- them.
+-- nothing: no schema usage, no function, no table. Functions whose name
+-- starts with "_" and those whose comment says "Internal" are granted to
+-- nobody, with the exceptions noted below (parts of attach and detach). Roles are cluster-wide and
+-- outlive DROP EXTENSION; creating the extension in a second database
+-- reuses them.
 
 DO $$
 BEGIN
@@ -51,24 +54,56 @@ GRANT EXECUTE ON FUNCTION
     lease.try_acquire(text, text, interval),
     lease.renew_named(text, text, bigint, interval),
     lease.release_named(text, text, bigint),
-    lease.fence_named(text, bigint),
-    -- Run by the triggers of attached tables, as the role writing the table.
-    lease.attached_row_changed(),
-    lease.sync_attached(text, text[], text[])
+    lease.fence_named(text, bigint)
 TO lease_worker;
-GRANT SELECT ON lease.attachment TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
     lease.create_queue(text, integer, interval, interval, interval, interval),
     lease.drop_queue(text, boolean),
+    lease.grant(text, regrole, boolean, boolean),
+    lease.revoke(text, regrole),
     lease.reap(integer),
     lease.purge(integer),
     lease.sweep(integer),
     lease.attach(regclass, text, text, integer, interval, interval, interval),
-    lease.register_attachment(regclass, text, name, text, integer, interval, interval, interval),
     lease.detach(regclass),
-    lease.unregister_attachment(text)
+    -- The exceptions. attach and detach run as their caller (they must
+    -- create and drop triggers on the caller's table, and evaluate the
+    -- caller's predicate with the caller's rights); these are their parts
+    -- that need the extension owner's, and check ownership themselves.
+    lease._attach_register(regclass, text, smallint, text, integer, interval, interval, interval, text[]),
+    lease._detach_unregister(regclass),
+    -- A trigger function cannot be called; EXECUTE only lets attach create
+    -- the triggers, and the function acts only for the attached table.
+    lease._attached_row_changed(),
+    -- Prints the caller's own view; changes nothing.
+    lease._qualified_predicate(oid, oid, text)
 TO lease_admin;
 
-GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats, lease.queue
+GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
+                lease.queue, lease.queue_grant, lease.attachment
 TO lease_admin;
+
+-- pg_dump keeps the lease state (and pg_restore brings it back) like the
+-- user's own data. The default queue and the sweep counters are created by
+-- this script, so dumping them too would collide on restore: the default
+-- queue's policy and the counters start afresh in a restored database.
+SELECT pg_catalog.pg_extension_config_dump('lease.queue', $$WHERE name <> 'default'$$);
+SELECT pg_catalog.pg_extension_config_dump('lease.queue_grant', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.job', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.job_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.named_lease', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
+
+-- Job ids are half of every fencing token, so a reinstall must never issue
+-- an id the previous install issued. The WAL position only grows in a
+-- cluster, and it grows faster than ids are drawn (a sequence writes a WAL
+-- record of over 60 bytes per 32 ids at most), so starting from it is above
+-- every id issued before DROP EXTENSION. A restore then sets the sequence
+-- back to the dumped value, which is above every id of the dumped database.
+SELECT pg_catalog.setval('lease.job_id_seq',
+                         (pg_catalog.pg_current_wal_lsn() OPERATOR(pg_catalog.-) '0/0')::bigint);
+
+-- With the reaper preloaded, have it look at this database now rather than
+-- at its next periodic look.
+SELECT lease._reaper_discover();

@@ -21,12 +21,15 @@ BEGIN
         RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF backoff_base IS NULL OR backoff_max IS NULL OR backoff_base < interval '0' OR backoff_max < backoff_base THEN
-        RAISE EXCEPTION 'need 0 <= backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
+    -- By value (see lease.valid_span): what these add to a timestamp must
+    -- stay far from overflow, whatever units they were written in.
+    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
+            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
+            lease.checked_span(retention, interval '36500 days', 'retention'),
+            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
+        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF retention IS NULL OR dead_retention IS NULL OR retention < interval '0' OR dead_retention < interval '0' THEN
-        RAISE EXCEPTION 'retention and dead_retention must be >= 0' USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- Create or reconfigure: every replica can call this at start-up.
@@ -45,9 +48,10 @@ $$;
 COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
-backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)).
+backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
 retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
-Errors: 22004 name NULL; 22023 empty or over-long name, option out of range.$$;
+Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
+Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -59,8 +63,7 @@ BEGIN
     PERFORM lease.checked_queue(name);
     -- Lock the queue row first: enqueue's foreign key check waits on it, so no
     -- row can slip in between the check below and the delete.
-    PERFORM FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE;
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = drop_queue.name) THEN
+    IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
         RAISE EXCEPTION 'queue "%" belongs to an attached table', name
             USING ERRCODE = 'object_in_use', HINT = 'Use lease.detach(table).';
     END IF;
@@ -110,6 +113,33 @@ COMMENT ON FUNCTION lease.wake(text, integer) IS
 $$Internal: sends NOTIFY pg_lease_ready (payload QUEUE) unless QUEUE had ready rows besides the ADDED ones
 the caller just inserted.$$;
 
+CREATE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    q lease.queue;
+BEGIN
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
+    IF NOT FOUND THEN
+        PERFORM lease.checked_queue(queue);
+    END IF;
+    IF q.attached THEN
+        -- Its rows are the table's rows that match the predicate; a row
+        -- enqueued by key would hand out one that does not.
+        RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Insert or update rows of the table so that they match its pending predicate.';
+    END IF;
+    IF q.restricted THEN
+        PERFORM lease._check_access(queue, '{produce}');
+    END IF;
+    RETURN queue;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
+    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
+
 CREATE FUNCTION lease.enqueue(
     queue    text,
     payload  jsonb,
@@ -123,19 +153,20 @@ AS $$
 -- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    q  constant text := lease.checked_queue(queue);
+    q  constant text := lease._checked_producer_queue(queue);
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     new_id bigint;
 BEGIN
     INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
-    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(run_at, t), t)
+    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
     RETURNING j.id INTO new_id;
     IF new_id IS NULL THEN
         -- Same (queue, key) already there: hand back its id, change nothing.
         SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
-    ELSIF coalesce(run_at, t) <= t THEN
+    ELSIF coalesce(r, t) <= t THEN
         PERFORM lease.wake(q, 1);
     END IF;
     RETURN new_id;
@@ -147,7 +178,9 @@ $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now,
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
 returns the existing row's id and changes nothing (for as long as that row is retained).
 A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
-Errors: 22004 queue or payload NULL; 42704 no such queue; 22P02 payload is not valid JSON.$$;
+Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
+fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
+not produce into it; 22P02 payload is not valid JSON.$$;
 
 CREATE FUNCTION lease.enqueue_batch(
     queue    text,
@@ -162,8 +195,9 @@ AS $$
 -- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    q  constant text := lease.checked_queue(queue);
+    q  constant text := lease._checked_producer_queue(queue);
     n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
 BEGIN
@@ -182,11 +216,11 @@ BEGIN
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
     INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
-    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(run_at, t), t
+    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
       FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
      ORDER BY u.ord
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-    IF n > 0 AND coalesce(run_at, t) <= t THEN
+    IF n > 0 AND coalesce(r, t) <= t THEN
         PERFORM lease.wake(q, n);
     END IF;
 
@@ -203,7 +237,8 @@ $$;
 COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
 $$Adds many rows to QUEUE in one statement and returns their ids in input order.
 keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs or more than 100000 rows; 42704 no such queue.$$;
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
+infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE FUNCTION lease.cancel(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -212,7 +247,7 @@ AS $$
 DECLARE
     result text;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id');
+    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
@@ -231,4 +266,5 @@ COMMENT ON FUNCTION lease.cancel(bigint) IS
 $$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
 but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
-returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL.$$;
+returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
+queue is restricted and the caller may neither produce into nor work it.$$;

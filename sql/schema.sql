@@ -1,5 +1,19 @@
 -- pg_lease: tables, types and indexes. Everything lives in schema "lease"
 -- (created by CREATE EXTENSION from the control file).
+
+-- Every SECURITY DEFINER function here trusts schema "lease". If it existed
+-- before the extension, its owner could have put objects in it that those
+-- functions would run with the installer's rights: refuse.
+DO $$
+BEGIN
+    IF (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'lease')
+       IS DISTINCT FROM (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        RAISE EXCEPTION 'schema "lease" exists and is not owned by the installing role'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Drop or rename that schema, then CREATE EXTENSION pg_lease again.';
+    END IF;
+END
+$$;
 --
 -- A row of lease.job moves through these states:
 --
@@ -28,6 +42,11 @@ CREATE TABLE lease.queue (
     created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- Bumped by lease.reap(); read by lease.queue_stats.
     recovered_total bigint NOT NULL DEFAULT 0,
+    -- From its first lease.grant on, only grantees and lease_admin may use
+    -- the queue (see access.sql).
+    restricted      boolean NOT NULL DEFAULT false,
+    -- Fed by an attached table (attach.sql): lease.enqueue refuses it.
+    attached        boolean NOT NULL DEFAULT false,
     CHECK (backoff_max >= backoff_base)
 );
 

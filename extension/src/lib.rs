@@ -10,17 +10,28 @@ use pgrx::prelude::*;
 
 pub mod epoch;
 pub mod launcher;
+pub mod predicate;
 pub mod settings;
+pub mod shared;
 pub mod sweeper;
 
 ::pgrx::pg_module_magic!();
 
 pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
 pgrx::extension_sql_file!("../../sql/check.sql", name = "check", requires = ["schema"]);
-pgrx::extension_sql_file!("../../sql/queue.sql", name = "queue", requires = ["check"]);
-pgrx::extension_sql_file!("../../sql/claim.sql", name = "claim", requires = ["check"]);
-pgrx::extension_sql_file!("../../sql/lease.sql", name = "lease", requires = ["check"]);
-pgrx::extension_sql_file!("../../sql/fence.sql", name = "fence", requires = ["check"]);
+pgrx::extension_sql_file!(
+    "../../sql/access.sql",
+    name = "access",
+    requires = ["check"]
+);
+pgrx::extension_sql_file!("../../sql/queue.sql", name = "queue", requires = ["access"]);
+pgrx::extension_sql_file!("../../sql/lease.sql", name = "lease", requires = ["access"]);
+pgrx::extension_sql_file!(
+    "../../sql/claim.sql",
+    name = "claim",
+    requires = ["access", "lease"]
+);
+pgrx::extension_sql_file!("../../sql/fence.sql", name = "fence", requires = ["access"]);
 pgrx::extension_sql_file!("../../sql/named.sql", name = "named", requires = ["check"]);
 pgrx::extension_sql_file!("../../sql/reap.sql", name = "reap", requires = ["check"]);
 pgrx::extension_sql_file!(
@@ -40,6 +51,7 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     settings::define();
+    shared::init();
     launcher::register();
 }
 
