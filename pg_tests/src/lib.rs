@@ -493,6 +493,30 @@ impl Cluster {
         }
     }
 
+    /// Copies database `from` into a new database `to` the way operators
+    /// move a database: `pg_dump -Fc`, `createdb`, `pg_restore`, each as the
+    /// superuser. Panics with the tool's output on failure.
+    pub fn dump_and_restore(&self, from: &str, to: &str) {
+        let archive = self.data_dir.join(format!("{from}.dump"));
+        let port = self.port.to_string();
+        let conn = ["-h", "127.0.0.1", "-p", &port, "-U", SUPERUSER];
+        let steps: [(&str, Vec<&str>); 3] = [
+            ("pg_dump", vec!["-Fc", "-d", from, "-f"]),
+            ("createdb", vec![to]),
+            ("pg_restore", vec!["--exit-on-error", "-d", to]),
+        ];
+        for (program, args) in steps {
+            let mut cmd = self.pg_command(program);
+            cmd.args(conn).args(args);
+            if program != "createdb" {
+                cmd.arg(&archive);
+            }
+            if let Err(err) = run(&mut cmd, program) {
+                panic!("pg_tests: {program} failed: {err}");
+            }
+        }
+    }
+
     fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
         let mut cmd = self.pg_command("psql");
         cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
