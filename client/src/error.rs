@@ -9,7 +9,7 @@ pub const LEASE_LOST_SQLSTATE: &str = "LE001";
 /// SQLSTATEs that pg_lease uses for bad input (README, "SQL reference"),
 /// plus PostgreSQL's own numeric and datetime range errors.
 const INVALID_INPUT_SQLSTATES: &[&str] = &[
-    "22004", "22023", "42704", "22P02", "22007", "22003", "22008",
+    "22004", "22023", "42704", "42809", "22P02", "22007", "22003", "22008",
 ];
 
 /// Everything that can go wrong, in three families a caller usually treats
@@ -67,8 +67,8 @@ pub enum Error {
         message: String,
     },
 
-    /// The role lacks a grant (SQLSTATE `42501`); see the README's
-    /// "Privileges".
+    /// The role lacks a grant, or may not use a restricted queue (SQLSTATE
+    /// `42501`); see the README's "Security".
     #[error("permission denied: {0}")]
     PermissionDenied(String),
 

@@ -445,7 +445,7 @@ async fn a_zombie_processor_cannot_overwrite_the_new_owner() {
 /// expired lease as cancelled). Neither item is ever claimed again, and the
 /// dead owner's token is refused.
 ///
-/// Broken on purpose: with `lease.sync_attached` not ending the lease of
+/// Broken on purpose: with the attached-table trigger not ending the lease of
 /// rows that stopped matching, the domain-cancelled item was reaped back to
 /// pending and claimed by another processor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
