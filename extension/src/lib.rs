@@ -40,7 +40,15 @@ pgrx::extension_sql_file!(
     requires = ["queue"]
 );
 pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
-pgrx::extension_sql_file!("../../sql/sweep.sql", name = "sweep", requires = ["reap"]);
+pgrx::extension_sql_file!(
+    "../../sql/sweep.sql",
+    name = "sweep",
+    requires = [
+        "reap",
+        shared::reaper_slot_shortages,
+        shared::reaper_last_slot_shortage
+    ]
+);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Loads the background reaper when preloaded; does nothing otherwise, so

@@ -25,6 +25,12 @@ static VERDICT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease sweep ve
 /// A database that just ran `CREATE EXTENSION pg_lease` (0: none).
 static DISCOVER: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"pg_lease discover") };
 
+/// How often the launcher found no free worker slot for a sweeper, and the
+/// last time (Unix seconds): what `lease.reaper_stats` shows of it.
+static SLOT_SHORTAGES: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease slot shortages") };
+static LAST_SLOT_SHORTAGE: PgAtomic<AtomicU64> =
+    unsafe { PgAtomic::new(c"pg_lease last slot shortage") };
+
 /// Address of the launcher's latch in shared memory (0 while none runs).
 static LAUNCHER_LATCH: PgAtomic<AtomicUsize> = unsafe { PgAtomic::new(c"pg_lease launcher latch") };
 
@@ -42,6 +48,8 @@ pub fn init() {
     pg_shmem_init!(VERDICT = AtomicU64::new(0));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
+    pg_shmem_init!(SLOT_SHORTAGES = AtomicU64::new(0));
+    pg_shmem_init!(LAST_SLOT_SHORTAGE = AtomicU64::new(0));
     PRELOADED.store(true, Ordering::Relaxed);
 }
 
@@ -82,6 +90,38 @@ pub fn take_verdict(oid: pg_sys::Oid) -> Option<Verdict> {
         1 => Some(Verdict::Installed),
         2 => Some(Verdict::Absent),
         _ => None,
+    }
+}
+
+/// Launcher side: counts a sweeper that could not start for want of a
+/// worker slot.
+pub fn count_slot_shortage() {
+    if preloaded() {
+        SLOT_SHORTAGES.get().fetch_add(1, Ordering::Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        LAST_SLOT_SHORTAGE.get().store(now, Ordering::Relaxed);
+    }
+}
+
+/// Sweeps the reaper could not start for want of a worker slot since the
+/// server started; NULL where pg_lease is not preloaded.
+#[pg_extern(volatile, parallel_safe, name = "_reaper_slot_shortages")]
+fn reaper_slot_shortages() -> Option<i64> {
+    preloaded()
+        .then(|| i64::try_from(SLOT_SHORTAGES.get().load(Ordering::Relaxed)).unwrap_or(i64::MAX))
+}
+
+/// When that last happened, in Unix seconds; NULL if never or not preloaded.
+#[pg_extern(volatile, parallel_safe, name = "_reaper_last_slot_shortage")]
+fn reaper_last_slot_shortage() -> Option<i64> {
+    if !preloaded() {
+        return None;
+    }
+    match LAST_SLOT_SHORTAGE.get().load(Ordering::Relaxed) {
+        0 => None,
+        secs => i64::try_from(secs).ok(),
     }
 }
 
@@ -130,4 +170,15 @@ calls it); does nothing where pg_lease is not preloaded.$$;
 "#,
     name = "reaper_discover_comment",
     requires = [reaper_discover],
+);
+
+pgrx::extension_sql!(
+    r#"
+COMMENT ON FUNCTION lease._reaper_slot_shortages() IS
+    'Internal: sweeps the reaper could not start for want of a worker slot since the server started (NULL: not preloaded).';
+COMMENT ON FUNCTION lease._reaper_last_slot_shortage() IS
+    'Internal: Unix time of the last such shortage (NULL: never, or not preloaded).';
+"#,
+    name = "reaper_slot_comments",
+    requires = [reaper_slot_shortages, reaper_last_slot_shortage],
 );

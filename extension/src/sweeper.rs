@@ -27,9 +27,12 @@ pub fn sweep(oid: pg_sys::Oid, name: &str) {
         Ok(worker) => {
             let _ = worker.wait_for_shutdown();
         }
-        Err(_) => warning!(
-            "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
-        ),
+        Err(_) => {
+            shared::count_slot_shortage();
+            warning!(
+                "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
+            );
+        }
     }
 }
 

@@ -712,3 +712,22 @@ async fn a_stuck_database_does_not_delay_the_others() {
         "recovered after {took:?}"
     );
 }
+
+/// Finding 11: when something else (parallel query of any role) held every
+/// worker slot, nothing was swept and only the server log said so. The
+/// shortage is counted in `lease.reaper_stats` now. Here the launcher's own
+/// slot is the only one.
+#[tokio::test]
+async fn a_worker_slot_shortage_shows_in_reaper_stats() {
+    let cluster = preloaded(&[
+        "max_worker_processes = 1",
+        "max_logical_replication_workers = 0",
+    ]);
+    let su = cluster.connect().await;
+    eventually(
+        &su,
+        "SELECT slot_shortages > 0 AND last_slot_shortage_at > now() - interval '1 minute' FROM lease.reaper_stats",
+        Duration::from_secs(5),
+    )
+    .await;
+}
