@@ -18,6 +18,43 @@ $$;
 COMMENT ON FUNCTION lease.checked_name(text) IS
     'Internal: returns name, or raises 22004 if NULL, 22023 if empty or longer than 128 characters.';
 
+-- A name's epochs live in its row, and DROP EXTENSION drops the rows. So
+-- that a reinstall never issues a (name, epoch) again, the highest epoch is
+-- kept as a setting of the database (which outlives the extension) whenever
+-- an extension is dropped, and a name new to this install starts above it.
+CREATE FUNCTION lease._named_epoch_watermark() RETURNS bigint
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
+                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
+                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                    AND s.setrole = 0), 0);
+
+COMMENT ON FUNCTION lease._named_epoch_watermark() IS
+    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
+
+CREATE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
+BEGIN
+    -- At ddl_command_start it is not known yet which extension goes; any
+    -- DROP EXTENSION records (rare, and harmless for the others).
+    IF highest > lease._named_epoch_watermark() THEN
+        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
+                       current_database(), highest);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._remember_named_epochs() IS
+    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
+
+CREATE EVENT TRIGGER pg_lease_remember_named_epochs ON ddl_command_start
+WHEN TAG IN ('DROP EXTENSION')
+EXECUTE FUNCTION lease._remember_named_epochs();
+
 CREATE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -31,7 +68,7 @@ DECLARE
     got bigint;
 BEGIN
     INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
-    VALUES (nm, o, f, clock_timestamp() + d, clock_timestamp())
+    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
     ON CONFLICT (name) DO UPDATE
         SET owner       = EXCLUDED.owner,
             epoch       = greatest(n.epoch + 1, f),

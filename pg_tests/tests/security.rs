@@ -561,9 +561,9 @@ async fn lease_state_survives_dump_and_restore() {
     assert!(epoch_again > 0);
 }
 
-/// Finding 4, the other half: DROP and CREATE EXTENSION restarted ids, so the
-/// first claim after it handed out an (id, epoch) that a zombie of the old
-/// install still held.
+/// Finding 4, the other half: DROP and CREATE EXTENSION restarted ids and
+/// named-lease epochs, so the first claim (or acquisition) after it handed
+/// out a token that a zombie of the old install still held.
 #[tokio::test]
 async fn a_reinstall_never_reissues_a_token() {
     let cluster = preloaded(&[]);
@@ -579,6 +579,14 @@ async fn a_reinstall_never_reissues_a_token() {
         .await
         .expect("claim");
     let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
+    let mut named = 0;
+    for _ in 0..3 {
+        named = scalar::<i64>(
+            &su,
+            "SELECT lease.try_acquire('leader', 'zombie', '1 minute')",
+        )
+        .await;
+    }
     su.batch_execute(
         "DROP EXTENSION pg_lease; CREATE EXTENSION pg_lease; SELECT lease.enqueue('default', '{}')",
     )
@@ -600,6 +608,20 @@ async fn a_reinstall_never_reissues_a_token() {
         .await,
         "the zombie's token is not valid in the new install"
     );
+    let named_again: i64 = scalar(
+        &su,
+        "SELECT lease.try_acquire('leader', 'fresh', '1 minute')",
+    )
+    .await;
+    assert!(
+        named_again > named,
+        "named epoch {named_again} reissued (had {named})"
+    );
+    let fenced = su
+        .batch_execute(&format!("SELECT lease.fence_named('leader', {named})"))
+        .await
+        .expect_err("the zombie leader is fenced");
+    assert_eq!(sqlstate(&fenced).as_deref(), Some("LE001"));
 }
 
 /// Finding 10: DDL on an attached table desynchronised it. After renaming
