@@ -182,10 +182,15 @@ COMMENT ON FUNCTION lease.checked_not_null(anyelement, text) IS
 -- What a row becomes when its lease ends with an outcome. One definition for
 -- release and for reap (an expired lease counts as outcome ''retry'') so the
 -- two paths can never account differently. Inlined by the planner.
-CREATE FUNCTION lease.next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer)
+CREATE FUNCTION lease.next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
+                                 attached boolean)
 RETURNS lease.job_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE
+    -- An attached row is done when its domain row stops matching (the
+    -- trigger then removes it). Released as done while it still matches,
+    -- it would be neither claimable nor visible: a dead letter says so.
+    WHEN outcome = 'done' AND attached THEN 'dead'
     WHEN outcome = 'done' THEN 'done'
     WHEN outcome = 'fail' THEN 'dead'
     -- Cancel intent wins over every way back to pending.
@@ -194,8 +199,15 @@ RETURN CASE
     ELSE 'pending'
 END::lease.job_state;
 
-COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer) IS
-    'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag and attempts.';
+COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer, boolean) IS
+    'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag, attempts and whether its queue is an attached table''s.';
+
+CREATE FUNCTION lease.stranded_done() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 'released as done while its table row still matches the pending predicate: move the row on (that is the completion), or requeue it';
+
+COMMENT ON FUNCTION lease.stranded_done() IS
+    'Internal: last_error of an attached row released as done while its domain row still matches.';
 
 -- Exponential backoff after the given attempt: base * 2^(attempt-1), capped.
 -- Computed in seconds (double precision) and capped before it becomes an

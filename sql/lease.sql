@@ -156,22 +156,22 @@ BEGIN
          USING lease.queue q
          WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-           AND q.name = j.queue AND q.retention = interval '0';
+           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached;
         IF FOUND THEN
             RETURN true;
         END IF;
     END IF;
 
     UPDATE lease.job j
-       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts),
-           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
+       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                               THEN clock_timestamp() END,
            attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
            next_at     = CASE WHEN oc = 'retry'
                               THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
                               ELSE j.next_at END,
            lease_until = NULL,
-           last_error  = coalesce(error, j.last_error)
+           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
       FROM lease.queue q
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
@@ -183,7 +183,8 @@ $$;
 COMMENT ON FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text) IS
 $$Ends OWNER's lease on row ID at EPOCH with an outcome, and returns true; returns false and changes
 nothing if the lease is lost (stale epoch, wrong owner, expired, already released).
-Outcomes: 'done' (finished; deleted at once if the queue's retention is 0), 'retry' (pending again at
+Outcomes: 'done' (finished; deleted at once if the queue's retention is 0; on an attached table's row,
+which is finished only when the table's row stops matching, a dead letter instead), 'retry' (pending again at
 retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' (dead letter now),
 'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
 into 'cancelled'. error is kept in last_error.
@@ -218,7 +219,7 @@ BEGIN
                AND (j.epoch = epochs[array_position(ids, j.id)]
                     OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
                AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-               AND q.name = j.queue AND q.retention = interval '0'
+               AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
             RETURNING j.id, j.epoch
         )
         SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}')
@@ -234,15 +235,15 @@ BEGIN
     RETURN QUERY
     WITH updated AS (
         UPDATE lease.job j
-           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts),
-               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
+           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN clock_timestamp() END,
                attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
                next_at     = CASE WHEN oc = 'retry'
                                   THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
                                   ELSE j.next_at END,
                lease_until = NULL,
-               last_error  = coalesce(error, j.last_error)
+               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
           FROM lease.queue q
          WHERE j.id = ANY (ids)
            AND (j.epoch = epochs[array_position(ids, j.id)]

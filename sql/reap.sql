@@ -26,8 +26,8 @@ BEGIN
         -- An expiry is a retry that nobody reported: same accounting as
         -- lease.release(..., 'retry'), and a new epoch fences the old owner.
         UPDATE lease.job j
-           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts),
-               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts) <> 'pending'
+           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
                next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
                epoch       = greatest(j.epoch + 1, f),
@@ -98,6 +98,9 @@ BEGIN
         SELECT j.id
           FROM lease.job j JOIN lease.queue q ON q.name = j.queue
          WHERE j.state IN ('done', 'dead', 'cancelled')
+           -- An attached table's finished rows go when their table row stops
+           -- matching; purging them earlier would leave that row unleased.
+           AND NOT q.attached
            AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
          LIMIT n
            FOR UPDATE OF j SKIP LOCKED
@@ -110,4 +113,4 @@ $$;
 
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
-(dead and cancelled rows) and returns how many. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;

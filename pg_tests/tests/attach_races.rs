@@ -1,0 +1,142 @@
+//! Attached tables under the writes their owners' other code makes: a
+//! user's cancel or an acknowledgement consumer writing the domain row
+//! while its lease holder writes it under `lease.fence`, and completions
+//! that would leave a matching row without a lease.
+//!
+//! Each test failed on main at 3729e87 (named in its doc comment).
+
+use std::time::Duration;
+
+use pg_tests::{scalar, sqlstate, Cluster};
+use tokio_postgres::Client;
+
+/// `items` attached with status validating / in_progress as the predicate.
+async fn items(pg: &Client) {
+    pg.batch_execute(
+        "CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, progress int DEFAULT 0);
+         SELECT lease.attach('items', $$status IN ('validating', 'in_progress')$$);",
+    )
+    .await
+    .expect("items");
+}
+
+/// The deadlock of the attached-tables issue, 25 times over: the holder
+/// fences and then writes its row while a user's cancel moves the same row
+/// out of the predicate. On main `fence` locked the lease row first and the
+/// cancel's trigger waited for it while holding the domain row, so one side
+/// died with 40P01 (every round). Now `fence` takes the domain row first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_write_and_a_cancel_never_deadlock() {
+    let cluster = Cluster::start();
+    let setup = cluster.connect().await;
+    items(&setup).await;
+    let holder = cluster.connect().await;
+    for round in 0..25 {
+        let key = format!("b{round}");
+        setup
+            .execute("INSERT INTO items VALUES ($1, 'validating')", &[&key])
+            .await
+            .expect("insert");
+        let row = holder
+            .query_one(
+                "SELECT id, epoch FROM lease.claim_pending(1, '1 minute', 'a', 'items')",
+                &[],
+            )
+            .await
+            .expect("claim");
+        let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
+        holder.batch_execute("BEGIN").await.expect("begin");
+        holder
+            .execute("SELECT lease.fence($1, $2)", &[&id, &epoch])
+            .await
+            .expect("fence");
+        let canceller = cluster.connect().await;
+        let cancel_key = key.clone();
+        let cancel = tokio::spawn(async move {
+            canceller
+                .execute(
+                    "UPDATE items SET status = 'cancelled' WHERE id = $1",
+                    &[&cancel_key],
+                )
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let wrote = holder
+            .execute("UPDATE items SET progress = 40 WHERE id = $1", &[&key])
+            .await;
+        let committed = holder.batch_execute("COMMIT").await;
+        let cancelled = cancel.await.expect("task");
+        for (what, err) in [
+            ("holder write", wrote.err()),
+            ("holder commit", committed.err()),
+            ("cancel", cancelled.err()),
+        ] {
+            if let Some(err) = err {
+                panic!(
+                    "round {round}: {what} failed with {:?}: {err}",
+                    sqlstate(&err)
+                );
+            }
+        }
+        let status: String = scalar(
+            &setup,
+            &format!("SELECT status || ':' || progress FROM items WHERE id = '{key}'"),
+        )
+        .await;
+        assert_eq!(status, "cancelled:40", "round {round}");
+    }
+}
+
+/// Silent stranding: `release(..., 'done')` (what `Outcome::Done` sends) on
+/// an attached row whose predicate still held deleted its lease row, and
+/// the domain row, still matching, was never claimable again nor shown
+/// anywhere. Now it becomes a dead letter, visible in `lease.dead_letters`,
+/// and stays until the domain row moves on.
+#[tokio::test]
+async fn a_done_release_of_a_still_matching_row_is_a_visible_dead_letter() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    items(&pg).await;
+    pg.batch_execute("INSERT INTO items VALUES ('s1', 'validating'), ('s2', 'validating')")
+        .await
+        .expect("insert");
+    let claimed = pg
+        .query(
+            "SELECT id, epoch FROM lease.claim_pending(2, '1 minute', 'a', 'items')",
+            &[],
+        )
+        .await
+        .expect("claim");
+    let (ids, epochs): (Vec<i64>, Vec<i64>) = claimed
+        .iter()
+        .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
+        .unzip();
+    assert!(
+        scalar::<bool>(
+            &pg,
+            &format!("SELECT lease.release({}, 'a', {})", ids[0], epochs[0])
+        )
+        .await
+    );
+    pg.execute(
+        "SELECT * FROM lease.release_batch(ARRAY[$1::bigint], 'a', ARRAY[$2::bigint])",
+        &[&ids[1], &epochs[1]],
+    )
+    .await
+    .expect("release_batch");
+    pg.batch_execute("SELECT lease.purge()")
+        .await
+        .expect("purge");
+    let dead: i64 = scalar(
+        &pg,
+        "SELECT count(*) FROM lease.dead_letters WHERE queue = 'items'",
+    )
+    .await;
+    assert_eq!(dead, 2, "both rows are visible dead letters, purge or not");
+    // When the domain moves the row on, its dead letter goes with it.
+    pg.batch_execute("UPDATE items SET status = 'done' WHERE id = 's1'")
+        .await
+        .expect("domain write");
+    let left: i64 = scalar(&pg, "SELECT count(*) FROM lease.job WHERE queue = 'items'").await;
+    assert_eq!(left, 1);
+}
