@@ -89,7 +89,8 @@ pub struct WorkerConfig {
     pub grace_period: Duration,
     /// On start, take back (under new epochs) the rows this `owner` still
     /// holds from an earlier run, before claiming anything else
-    /// ([`Client::reclaim_own`](crate::Client::reclaim_own)). Useful only
+    /// ([`Client::reclaim_own`](crate::Client::reclaim_own)), once: as many
+    /// as there are slots; any others expire and are reaped. Useful only
     /// with a stable owner name per process (e.g. a StatefulSet
     /// hostname); never run two workers with one owner name. Default
     /// false.
@@ -618,8 +619,10 @@ async fn claim_loop(
 ) -> Result<()> {
     let cfg = &ctx.config;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    // Until it comes back short, the first claims take back this owner's
-    // rows from an earlier run.
+    // The first claim takes back this owner's rows from an earlier run, and
+    // only the first: every later reclaim would re-issue rows this process
+    // is running (they are this owner's too). Rows beyond the free slots
+    // expire and come back through the reaper.
     let mut reclaiming = cfg.reclaim_own;
     loop {
         while jobs.try_join_next().is_some() {}
@@ -673,7 +676,7 @@ async fn claim_loop(
                 }
                 drop(permits);
                 if reclaiming {
-                    reclaiming = got == asked;
+                    reclaiming = false;
                 } else if got < asked {
                     tokio::select! {
                         biased;
@@ -720,7 +723,7 @@ async fn run_job(
     let (deadline_tx, deadline) = watch::channel(lease.claim_sent_at + ctx.config.confirmed_for());
     let cancel = CancellationToken::new();
     let reason = Arc::new(OnceLock::new());
-    ctx.slots().insert(
+    let replaced = ctx.slots().insert(
         lease.id,
         Slot {
             epoch: lease.epoch,
@@ -729,6 +732,11 @@ async fn run_job(
             reason: Arc::clone(&reason),
         },
     );
+    // The same row under a new epoch: the job running under the old one is
+    // fenced, and must hear it rather than run on beside this one.
+    if let Some(old) = replaced {
+        old.fire(CancelReason::Lost);
+    }
     let mut held = Held {
         ctx: Arc::clone(&ctx),
         lease: lease.clone(),
