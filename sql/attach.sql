@@ -95,6 +95,50 @@ TRUNCATE removes them all. Refuses (55000) to act unless it fires on the table a
 EXECUTE is granted to lease_admin only so that lease.attach can create the triggers; a trigger function
 cannot be called directly.$$;
 
+CREATE FUNCTION lease._attach_triggers(rel regclass, queue text, pending text, key_col name) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_in text;
+    was_in text;
+    key_moved constant text := format('OLD.%1$I IS DISTINCT FROM NEW.%1$I', key_col);
+BEGIN
+    -- PostgreSQL parses the predicate (as the caller: an unknown column or a
+    -- syntax error fails here, 42703 or 42601), and lease._qualified_predicate
+    -- prints the parse tree back with the columns qualified by NEW and OLD.
+    EXECUTE format('CREATE TEMP VIEW pg_lease_predicate AS SELECT coalesce((%s), false) AS m FROM %s',
+                   pending, rel);
+    now_in := lease._qualified_predicate('pg_temp.pg_lease_predicate'::regclass, rel, 'new');
+    was_in := lease._qualified_predicate('pg_temp.pg_lease_predicate'::regclass, rel, 'old');
+    DROP VIEW pg_temp.pg_lease_predicate;
+    -- A predicate that a trigger condition cannot hold (a subquery) fails
+    -- here: 0A000.
+    EXECUTE format('CREATE TRIGGER pg_lease_start AFTER INSERT ON %s FOR EACH ROW WHEN (%s)
+                    EXECUTE FUNCTION lease._attached_row_changed(%L, ''start'')',
+                   rel, now_in, queue);
+    EXECUTE format('CREATE TRIGGER pg_lease_stop AFTER DELETE ON %s FOR EACH ROW WHEN (%s)
+                    EXECUTE FUNCTION lease._attached_row_changed(%L, ''stop'')',
+                   rel, was_in, queue);
+    EXECUTE format('CREATE TRIGGER pg_lease_update_start AFTER UPDATE ON %s FOR EACH ROW
+                    WHEN ((%s) AND (NOT (%s) OR %s))
+                    EXECUTE FUNCTION lease._attached_row_changed(%L, ''start'')',
+                   rel, now_in, was_in, key_moved, queue);
+    EXECUTE format('CREATE TRIGGER pg_lease_update_stop AFTER UPDATE ON %s FOR EACH ROW
+                    WHEN ((%s) AND (NOT (%s) OR %s))
+                    EXECUTE FUNCTION lease._attached_row_changed(%L, ''stop'')',
+                   rel, was_in, now_in, key_moved, queue);
+    EXECUTE format('CREATE TRIGGER pg_lease_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT
+                    EXECUTE FUNCTION lease._attached_row_changed(%L, ''truncate'')',
+                   rel, queue);
+END
+$$;
+
+COMMENT ON FUNCTION lease._attach_triggers(regclass, text, text, name) IS
+$$Internal part of lease.attach (and of the 0.1.0 upgrade): creates the five triggers of table REL attached
+to QUEUE with predicate PENDING, as the caller, who must own the table. Granted to lease_admin because
+lease.attach runs as its caller; the triggers it creates act only for an attached table.$$;
+
 CREATE FUNCTION lease.attach(
     "table"        regclass,
     pending        text,
@@ -113,9 +157,6 @@ DECLARE
     key_col name;
     key_type regtype;
     existing text[];
-    now_in text;
-    was_in text;
-    key_moved text;
 BEGIN
     -- Runs as the caller: creating triggers proves the caller may, and the
     -- predicate is parsed and first evaluated with the caller's rights.
@@ -140,39 +181,12 @@ BEGIN
         SELECT c.relname INTO q FROM pg_class c WHERE c.oid = "table";
     END IF;
 
-    -- PostgreSQL parses the predicate (as the caller: an unknown column or a
-    -- syntax error fails here, 42703 or 42601), and lease._qualified_predicate
-    -- prints the parse tree back with the columns qualified by NEW and OLD.
-    EXECUTE format('CREATE TEMP VIEW pg_lease_predicate AS SELECT coalesce((%s), false) AS m FROM %s',
-                   pending, "table");
-    now_in := lease._qualified_predicate('pg_temp.pg_lease_predicate'::regclass, "table", 'new');
-    was_in := lease._qualified_predicate('pg_temp.pg_lease_predicate'::regclass, "table", 'old');
-    DROP VIEW pg_temp.pg_lease_predicate;
-    key_moved := format('OLD.%1$I IS DISTINCT FROM NEW.%1$I', key_col);
-
     -- Creating the triggers needs the caller to own the table. The lock it
     -- takes (SHARE ROW EXCLUSIVE, until commit) keeps concurrent writes, and
     -- a concurrent attach, out until the triggers and the initial rows are
-    -- in place. A predicate that a trigger condition cannot hold (a
-    -- subquery) fails here: 0A000.
+    -- in place.
     BEGIN
-        EXECUTE format('CREATE TRIGGER pg_lease_start AFTER INSERT ON %s FOR EACH ROW WHEN (%s)
-                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''start'')',
-                       "table", now_in, q);
-        EXECUTE format('CREATE TRIGGER pg_lease_stop AFTER DELETE ON %s FOR EACH ROW WHEN (%s)
-                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''stop'')',
-                       "table", was_in, q);
-        EXECUTE format('CREATE TRIGGER pg_lease_update_start AFTER UPDATE ON %s FOR EACH ROW
-                        WHEN ((%s) AND (NOT (%s) OR %s))
-                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''start'')',
-                       "table", now_in, was_in, key_moved, q);
-        EXECUTE format('CREATE TRIGGER pg_lease_update_stop AFTER UPDATE ON %s FOR EACH ROW
-                        WHEN ((%s) AND (NOT (%s) OR %s))
-                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''stop'')',
-                       "table", was_in, now_in, key_moved, q);
-        EXECUTE format('CREATE TRIGGER pg_lease_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT
-                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''truncate'')',
-                       "table", q);
+        PERFORM lease._attach_triggers("table", q, pending, key_col);
     EXCEPTION WHEN duplicate_object THEN
         RAISE EXCEPTION 'table % is already attached', "table" USING ERRCODE = 'duplicate_object';
     END;

@@ -161,3 +161,41 @@ COMMENT ON FUNCTION lease.fence_named(text, bigint) IS
 $$Guard for a leader's own transaction: succeeds (returning lease_until) only while EPOCH is the current,
 unexpired hold on NAME, and locks it until the transaction ends so no new holder can be elected before
 the leader's writes commit. Errors: LE001 not held (roll back); 22004 an argument NULL; 22023 name invalid.$$;
+
+CREATE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o constant text := lease.checked_owner(owner);
+BEGIN
+    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
+       OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
+        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
+            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH released AS (
+        UPDATE lease.named_lease n
+           SET lease_until = clock_timestamp()
+          FROM unnest(names, epochs) AS w(name, epoch)
+         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
+           AND n.lease_until > clock_timestamp()
+        RETURNING n.name, n.epoch
+    )
+    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
+      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
+names[i] goes with epochs[i]; returns (name, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+owner invalid.$$;

@@ -54,7 +54,9 @@ GRANT EXECUTE ON FUNCTION
     lease.try_acquire(text, text, interval),
     lease.renew_named(text, text, bigint, interval),
     lease.release_named(text, text, bigint),
-    lease.fence_named(text, bigint)
+    lease.release_named(text[], text, bigint[]),
+    lease.fence_named(text, bigint),
+    lease.cancel_key(text, text)
 TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
@@ -62,6 +64,7 @@ GRANT EXECUTE ON FUNCTION
     lease.drop_queue(text, boolean),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
+    lease.requeue(bigint),
     lease.reap(integer),
     lease.purge(integer),
     lease.sweep(integer),
@@ -72,6 +75,7 @@ GRANT EXECUTE ON FUNCTION
     -- caller's predicate with the caller's rights); these are their parts
     -- that need the extension owner's, and check ownership themselves.
     lease._attach_register(regclass, text, smallint, text, integer, interval, interval, interval, text[]),
+    lease._attach_triggers(regclass, text, text, name),
     lease._detach_unregister(regclass),
     -- A trigger function cannot be called; EXECUTE only lets attach create
     -- the triggers, and the function acts only for the attached table.

@@ -268,3 +268,48 @@ but is marked ('cancel_requested'): its owner sees the flag on renew, and a retr
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
 returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
 queue is restricted and the caller may neither produce into nor work it.$$;
+
+CREATE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    target bigint;
+BEGIN
+    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
+    SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
+    IF target IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN lease.cancel(target);
+END
+$$;
+
+COMMENT ON FUNCTION lease.cancel_key(text, text) IS
+$$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
+that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
+Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
+
+CREATE FUNCTION lease.requeue(id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id');
+    -- A fresh start: attempts from zero, claimable now. The epoch stays, so
+    -- the next claim still issues a greater one.
+    UPDATE lease.job j
+       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
+           cancel_requested = false, owner = NULL, lease_until = NULL
+     WHERE j.id = requeue.id AND j.state = 'dead';
+    IF FOUND THEN
+        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
+    END IF;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.requeue(bigint) IS
+$$Puts dead letter ID back to pending, claimable now, with its attempts reset (last_error is kept). Returns
+false and changes nothing unless the row is dead. For any queue, attached tables' included. Errors: 22004 id
+NULL.$$;

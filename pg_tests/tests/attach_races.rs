@@ -140,3 +140,69 @@ async fn a_done_release_of_a_still_matching_row_is_a_visible_dead_letter() {
     let left: i64 = scalar(&pg, "SELECT count(*) FROM lease.job WHERE queue = 'items'").await;
     assert_eq!(left, 1);
 }
+
+/// What the source systems lacked: cancel by domain key (a lease_worker
+/// cannot look up the id of a pending row), requeue of dead letters, and
+/// releasing many named leases at once.
+#[tokio::test]
+async fn cancel_by_key_requeue_and_batch_named_release() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    items(&pg).await;
+    pg.batch_execute(
+        "INSERT INTO items VALUES ('k1', 'validating'), ('k2', 'validating');
+         CREATE ROLE w LOGIN IN ROLE lease_worker;",
+    )
+    .await
+    .expect("setup");
+    let w = cluster.connect_to(pg_tests::TEST_DB, "w").await;
+    let cancelled: String = scalar(&w, "SELECT lease.cancel_key('items', 'k1')").await;
+    assert_eq!(cancelled, "cancelled");
+    let none: Option<String> = scalar(&w, "SELECT lease.cancel_key('items', 'nope')").await;
+    assert_eq!(none, None);
+
+    // k2 fails for good, then an operator requeues it.
+    let row = pg
+        .query_one(
+            "SELECT id, epoch FROM lease.claim_pending(1, '1 minute', 'a', 'items')",
+            &[],
+        )
+        .await
+        .expect("claim k2");
+    let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
+    assert!(
+        scalar::<bool>(
+            &pg,
+            &format!("SELECT lease.release({id}, 'a', {epoch}, 'fail')")
+        )
+        .await
+    );
+    assert!(scalar::<bool>(&pg, &format!("SELECT lease.requeue({id})")).await);
+    assert!(
+        !scalar::<bool>(&pg, &format!("SELECT lease.requeue({id})")).await,
+        "only dead rows"
+    );
+    let again: i64 = scalar(
+        &pg,
+        "SELECT epoch FROM lease.claim_pending(1, '1 minute', 'b', 'items') WHERE key = 'k2'",
+    )
+    .await;
+    assert!(again > epoch, "a new claim, a greater epoch");
+
+    let e1: i64 = scalar(&w, "SELECT lease.try_acquire('lock-1', 'hk', '1 minute')").await;
+    let e2: i64 = scalar(&w, "SELECT lease.try_acquire('lock-2', 'hk', '1 minute')").await;
+    let released: String = scalar(
+        &w,
+        &format!(
+            "SELECT string_agg(name || '=' || released, ',')
+               FROM lease.release_named(ARRAY['lock-1', 'lock-2', 'lock-1'], 'hk', ARRAY[{e1}, {e2}, {e1} - 1])"
+        ),
+    )
+    .await;
+    assert_eq!(released, "lock-1=true,lock-2=true,lock-1=false");
+    let code = w
+        .batch_execute("SELECT lease.release_named(ARRAY['a'], 'hk', ARRAY[1, 2])")
+        .await
+        .expect_err("lengths differ");
+    assert_eq!(sqlstate(&code).as_deref(), Some("22023"));
+}
