@@ -1,4 +1,5 @@
-//! Test harness for pg_lease: throwaway PostgreSQL 15 clusters.
+//! Test harness for pg_lease: throwaway PostgreSQL clusters of the version
+//! under test (see [`pg_bin_dir`]).
 //!
 //! Each [`Cluster`] is a real, private PostgreSQL server: its own data
 //! directory under the system temp dir, its own TCP port on 127.0.0.1 and its
@@ -39,13 +40,13 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Where Debian's `postgresql-15` package puts the server binaries; used when
-/// [`PG_BIN_ENV`] is not set.
-pub const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
 /// Environment variable naming the directory with `initdb`, `pg_ctl`,
-/// `postgres` and `psql`, for machines where PostgreSQL 15 lives elsewhere.
+/// `postgres` and `psql` of the PostgreSQL version under test.
 pub const PG_BIN_ENV: &str = "PG_LEASE_PG_BIN";
+
+/// Environment variable naming the `pg_config` of the version under test,
+/// used when [`PG_BIN_ENV`] is not set (`pg_config` on the PATH otherwise).
+pub const PG_CONFIG_ENV: &str = "PG_CONFIG";
 
 /// Database superuser created by `initdb -U`; every connection defaults to it
 /// so tests can do anything (create roles, extensions, databases).
@@ -331,7 +332,7 @@ impl Cluster {
         for tool in ["initdb", "pg_ctl", "postgres", "psql"] {
             if !bin_dir.join(tool).is_file() {
                 return Err(format!(
-                    "{} not found; install PostgreSQL 15 or set {PG_BIN_ENV} \
+                    "{} not found; install PostgreSQL or set {PG_BIN_ENV} \
                      to the directory holding its binaries",
                     bin_dir.join(tool).display()
                 ));
@@ -618,13 +619,44 @@ pub fn sqlstate(err: &tokio_postgres::Error) -> Option<String> {
     err.as_db_error().map(|d| d.code().code().to_owned())
 }
 
-/// Directory with the PostgreSQL binaries: [`PG_BIN_ENV`] if set and
-/// non-empty, else [`DEFAULT_PG_BIN`].
+/// Directory with the server binaries of the version under test:
+/// [`PG_BIN_ENV`] if set and non-empty, else what `pg_config --bindir` says
+/// ([`PG_CONFIG_ENV`], or `pg_config` on the PATH). Found once per process.
 pub fn pg_bin_dir() -> PathBuf {
-    match env::var_os(PG_BIN_ENV) {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(DEFAULT_PG_BIN),
-    }
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(dir) = env::var_os(PG_BIN_ENV).filter(|d| !d.is_empty()) {
+            return PathBuf::from(dir);
+        }
+        let pg_config = env::var_os(PG_CONFIG_ENV)
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "pg_config".into());
+        match Command::new(&pg_config).arg("--bindir").output() {
+            Ok(out) if out.status.success() => {
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            }
+            _ => panic!(
+                "pg_tests: no PostgreSQL found: set {PG_BIN_ENV} to its bin directory, \
+                 or {PG_CONFIG_ENV} to its pg_config, or put pg_config on the PATH"
+            ),
+        }
+    })
+    .clone()
+}
+
+/// Major version of the server binaries under test (`postgres --version`).
+pub fn server_major() -> u32 {
+    let out = Command::new(pg_bin_dir().join("postgres"))
+        .arg("--version")
+        .output()
+        .expect("postgres --version");
+    // "postgres (PostgreSQL) 18.6"
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .expect("a version number from postgres --version")
 }
 
 /// Which OS user runs the PostgreSQL tools.

@@ -471,7 +471,19 @@ async fn a_worker_follows_the_promoted_standby() {
         .await
         .expect("queue");
     let standby = Cluster::start_standby(&primary, &reaper_conf());
-    eventually(&primary.connect().await, STREAMING, WAIT).await;
+    // Synchronous: with asynchronous replication a fenced write that the old
+    // primary acknowledged can be lost while the claim it was made under
+    // survived, and the worker then rightly finishes the row on the new
+    // primary without it (seen on PostgreSQL 18; a property of asynchronous
+    // replication, not of pg_lease, see "High availability").
+    let watch = primary.connect().await;
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "SELECT pg_reload_conf()",
+    ] {
+        watch.batch_execute(sql).await.expect(sql);
+    }
+    eventually(&watch, SYNCHRONOUS, WAIT).await;
 
     let both = format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={TEST_DB} \
