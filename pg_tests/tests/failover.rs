@@ -362,16 +362,11 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
     assert_eq!(zombie_writes, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sync_failover_loses_no_acknowledged_change() {
-    let primary = Cluster::start_with(ClusterConfig {
-        extra_conf: reaper_conf(),
-        ..Default::default()
-    });
-    setup_queue(&primary.connect().await).await;
-    let standby = Cluster::start_standby(&primary, &reaper_conf());
-    // Synchronous only once the standby streams: a primary that waits for
-    // a standby that does not exist yet never commits anything.
+/// Makes `primary`'s replication synchronous and waits until its standby
+/// confirms commits. Only once the standby
+/// streams: a primary that waits for a standby that does not exist yet
+/// never commits anything.
+async fn make_synchronous(primary: &Cluster) {
     let watch = primary.connect().await;
     for sql in [
         "ALTER SYSTEM SET synchronous_standby_names = '*'",
@@ -380,6 +375,17 @@ async fn sync_failover_loses_no_acknowledged_change() {
         watch.batch_execute(sql).await.expect(sql);
     }
     eventually(&watch, SYNCHRONOUS, WAIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sync_failover_loses_no_acknowledged_change() {
+    let primary = Cluster::start_with(ClusterConfig {
+        extra_conf: reaper_conf(),
+        ..Default::default()
+    });
+    setup_queue(&primary.connect().await).await;
+    let standby = Cluster::start_standby(&primary, &reaper_conf());
+    make_synchronous(&primary).await;
 
     // The primary dies in the middle of the load: whatever was in flight
     // is unacknowledged, everything acknowledged must survive.
@@ -476,14 +482,7 @@ async fn a_worker_follows_the_promoted_standby() {
     // survived, and the worker then rightly finishes the row on the new
     // primary without it (seen on PostgreSQL 18; a property of asynchronous
     // replication, not of pg_lease, see "High availability").
-    let watch = primary.connect().await;
-    for sql in [
-        "ALTER SYSTEM SET synchronous_standby_names = '*'",
-        "SELECT pg_reload_conf()",
-    ] {
-        watch.batch_execute(sql).await.expect(sql);
-    }
-    eventually(&watch, SYNCHRONOUS, WAIT).await;
+    make_synchronous(&primary).await;
 
     let both = format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={TEST_DB} \
