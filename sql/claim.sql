@@ -60,6 +60,9 @@ BEGIN
     IF NOT FOUND THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease.checked_queue(q);
+    ELSE
+        -- New leases: the reaper has work here once they may expire.
+        PERFORM lease._reaper_touch();
     END IF;
 END
 $$;
@@ -112,6 +115,7 @@ BEGIN
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
     RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    PERFORM lease._reaper_touch();
 END
 $$;
 

@@ -257,6 +257,9 @@ BEGIN
       INTO result;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+    ELSE
+        -- A cancelled row is purged after dead_retention: work for the reaper.
+        PERFORM lease._reaper_touch();
     END IF;
     RETURN result;
 END

@@ -106,6 +106,21 @@ so one queue's rows cannot stop the others. Returns (0, 0) at once while another
 lease.sweep_interval; without preloading, call it from any scheduler.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
+CREATE FUNCTION lease._next_sweep_due() RETURNS timestamptz
+LANGUAGE sql STABLE
+RETURN least(
+    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
+    -- Per queue, so that it costs O(queues); either retention bounds it.
+    (SELECT min(f.first + least(q.retention, q.dead_retention))
+       FROM lease.queue q
+       CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
+                             FROM lease.job j
+                            WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
+      WHERE NOT q.attached));
+
+COMMENT ON FUNCTION lease._next_sweep_due() IS
+    'Internal: when this database next has work for the reaper (a lease expiry or a purge); NULL if none until something changes.';
+
 CREATE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
        s.last_sweep_at, s.last_duration, s.last_error, s.last_error_at,

@@ -83,6 +83,11 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'reaper_last_slot_shortage_wrapper';
 
+CREATE FUNCTION lease."_reaper_touch"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'reaper_touch_wrapper';
+
 CREATE FUNCTION lease."_reaper_slot_shortages"() RETURNS bigint
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
@@ -194,100 +199,6 @@ CREATE OR REPLACE FUNCTION lease.backoff(attempt integer, base interval, cap int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
-
-CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
-LANGUAGE sql STABLE
-RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
-                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
-                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                    AND s.setrole = 0), 0);
-
-COMMENT ON FUNCTION lease._named_epoch_watermark() IS
-    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
-
-CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
-BEGIN
-    -- At ddl_command_start it is not known yet which extension goes; any
-    -- DROP EXTENSION records (rare, and harmless for the others).
-    IF highest > lease._named_epoch_watermark() THEN
-        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
-                       current_database(), highest);
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._remember_named_epochs() IS
-    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
-
-CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
-    f  constant bigint := lease.epoch_floor();
-    got bigint;
-BEGIN
-    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
-    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
-    ON CONFLICT (name) DO UPDATE
-        SET owner       = EXCLUDED.owner,
-            epoch       = greatest(n.epoch + 1, f),
-            lease_until = clock_timestamp() + d,
-            acquired_at = clock_timestamp()
-        -- Free, or held by this owner name (a restarted process): either way
-        -- the new epoch fences every earlier holder.
-        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
-    RETURNING n.epoch INTO got;
-    RETURN got;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
-RETURNS TABLE (name text, released boolean)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    o constant text := lease.checked_owner(owner);
-BEGIN
-    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
-       OR array_position(epochs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
-        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
-            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN QUERY
-    WITH released AS (
-        UPDATE lease.named_lease n
-           SET lease_until = clock_timestamp()
-          FROM unnest(names, epochs) AS w(name, epoch)
-         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
-           AND n.lease_until > clock_timestamp()
-        RETURNING n.name, n.epoch
-    )
-    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
-      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
-     ORDER BY w.ord;
-END
-$$;
-
-COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
-$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
-names[i] goes with epochs[i]; returns (name, released) per element in input order.
-Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
-owner invalid.$$;
 
 CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
@@ -403,6 +314,100 @@ COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
 (dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
+CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
+                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
+                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                    AND s.setrole = 0), 0);
+
+COMMENT ON FUNCTION lease._named_epoch_watermark() IS
+    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
+
+CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
+BEGIN
+    -- At ddl_command_start it is not known yet which extension goes; any
+    -- DROP EXTENSION records (rare, and harmless for the others).
+    IF highest > lease._named_epoch_watermark() THEN
+        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
+                       current_database(), highest);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._remember_named_epochs() IS
+    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
+
+CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+    d  constant interval := lease.checked_ttl(ttl);
+    f  constant bigint := lease.epoch_floor();
+    got bigint;
+BEGIN
+    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
+    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+        SET owner       = EXCLUDED.owner,
+            epoch       = greatest(n.epoch + 1, f),
+            lease_until = clock_timestamp() + d,
+            acquired_at = clock_timestamp()
+        -- Free, or held by this owner name (a restarted process): either way
+        -- the new epoch fences every earlier holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
+    RETURNING n.epoch INTO got;
+    RETURN got;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o constant text := lease.checked_owner(owner);
+BEGIN
+    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
+       OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
+        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
+            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH released AS (
+        UPDATE lease.named_lease n
+           SET lease_until = clock_timestamp()
+          FROM unnest(names, epochs) AS w(name, epoch)
+         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
+           AND n.lease_until > clock_timestamp()
+        RETURNING n.name, n.epoch
+    )
+    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
+      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
+names[i] goes with epochs[i]; returns (name, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+owner invalid.$$;
+
 CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
@@ -493,6 +498,91 @@ $$;
 COMMENT ON FUNCTION lease.revoke(text, regrole) IS
 $$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
 lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
+
+CREATE OR REPLACE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    target record;
+BEGIN
+    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
+      FROM lease.job j
+      JOIN lease.attachment a ON a.queue = j.queue
+      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
+     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
+    IF FOUND THEN
+        -- The key type is one attach supports, so = and the cast are built in.
+        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
+          USING target.key;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
+    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
+
+CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    IF jsonb_typeof(patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE lease.job j
+       SET payload = j.payload || patch
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
+is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
+    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
+    -- and claimers skip or wait for it, so no new epoch can be issued before
+    -- the caller's own writes commit.
+    SELECT j.lease_until INTO until
+      FROM lease.job j
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
+            USING ERRCODE = 'LE001',
+                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
+                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
+current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+follow in the same transaction are ordered before any takeover. For a row of an attached table it first
+locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
+cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
+your tables.
+Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
+and the caller may not work it.$$;
 
 CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
 RETURNS lease.renewal
@@ -765,6 +855,9 @@ BEGIN
     IF NOT FOUND THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease.checked_queue(q);
+    ELSE
+        -- New leases: the reaper has work here once they may expire.
+        PERFORM lease._reaper_touch();
     END IF;
 END
 $$;
@@ -817,6 +910,7 @@ BEGIN
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
     RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    PERFORM lease._reaper_touch();
 END
 $$;
 
@@ -828,91 +922,6 @@ have spent max_attempts are not reclaimed (they expire and are dead-lettered). C
 before any claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
 is restricted and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    target record;
-BEGIN
-    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
-      FROM lease.job j
-      JOIN lease.attachment a ON a.queue = j.queue
-      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
-     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
-    IF FOUND THEN
-        -- The key type is one attach supports, so = and the cast are built in.
-        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
-          USING target.key;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
-    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
-
-CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
-    IF jsonb_typeof(patch) <> 'object' THEN
-        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    UPDATE lease.job j
-       SET payload = j.payload || patch
-     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
-$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
-is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    until timestamptz;
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
-    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
-    -- and claimers skip or wait for it, so no new epoch can be issued before
-    -- the caller's own writes commit.
-    SELECT j.lease_until INTO until
-      FROM lease.job j
-     WHERE j.id = fence.id AND j.epoch = fence.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
-            USING ERRCODE = 'LE001',
-                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
-                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
-    END IF;
-    RETURN until;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
-$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
-current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
-follow in the same transaction are ordered before any takeover. For a row of an attached table it first
-locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
-cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
-your tables.
-Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
 
 CREATE OR REPLACE FUNCTION lease.create_queue(
     name           text,
@@ -1139,6 +1148,9 @@ BEGIN
       INTO result;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+    ELSE
+        -- A cancelled row is purged after dead_retention: work for the reaper.
+        PERFORM lease._reaper_touch();
     END IF;
     RETURN result;
 END
@@ -1602,6 +1614,21 @@ so one queue's rows cannot stop the others. Returns (0, 0) at once while another
 lease.sweep_interval; without preloading, call it from any scheduler.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
+CREATE OR REPLACE FUNCTION lease._next_sweep_due() RETURNS timestamptz
+LANGUAGE sql STABLE
+RETURN least(
+    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
+    -- Per queue, so that it costs O(queues); either retention bounds it.
+    (SELECT min(f.first + least(q.retention, q.dead_retention))
+       FROM lease.queue q
+       CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
+                             FROM lease.job j
+                            WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
+      WHERE NOT q.attached));
+
+COMMENT ON FUNCTION lease._next_sweep_due() IS
+    'Internal: when this database next has work for the reaper (a lease expiry or a purge); NULL if none until something changes.';
+
 CREATE OR REPLACE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
        s.last_sweep_at, s.last_duration, s.last_error, s.last_error_at,
@@ -1612,6 +1639,11 @@ SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
 COMMENT ON VIEW lease.reaper_stats IS
 $$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
 last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;
+
+COMMENT ON FUNCTION lease._reaper_touch() IS
+$$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
+have work for it (claims and cancels call it); does nothing where pg_lease is not preloaded.$$;
+
 
 -- The attached tables' triggers, for the new trigger function -----------------
 

@@ -11,13 +11,16 @@
 //! other sessions to leave) is never blocked. The launcher never connects to
 //! a template, so `CREATE DATABASE` is not blocked either.
 //!
-//! Databases without pg_lease cost next to nothing: the launcher remembers
-//! what each sweeper found ([`shared`]) and looks at such a database again
-//! only every `lease.discovery_interval`, or at once when `CREATE EXTENSION`
-//! asks it to.
+//! Databases without pg_lease, and idle ones with it, cost next to nothing:
+//! the launcher remembers what each sweeper found ([`shared`]): whether
+//! pg_lease is there and when its next lease expiry or purge is due. It
+//! sweeps a database with pg_lease when that time comes or when a claim or
+//! cancel committed there since the last pass, and looks at any other
+//! database again only every `lease.discovery_interval`, or at once when
+//! `CREATE EXTENSION` asks it to.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -67,13 +70,19 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
         if !settings::REAPER_ENABLED.get() {
             continue;
         }
+        let touched = shared::take_touched();
+        // An idle pass costs nothing, not even a look at pg_database.
+        if !known.worth_a_pass(&touched) {
+            continue;
+        }
         let listed = databases();
-        known.retain(&listed);
+        known.listed(&listed);
         for (oid, name) in listed {
-            if known.due(oid) {
+            if known.due(oid, shared::touched(&touched, oid)) {
                 shared::clear_verdict();
                 sweeper::sweep(oid, &name);
-                known.record(oid, shared::take_verdict(oid));
+                let verdict = shared::take_verdict(oid);
+                known.record(oid, verdict, shared::next_due());
             }
         }
     }
@@ -83,15 +92,20 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
 }
 
 /// What the launcher knows about each database: whether pg_lease is
-/// installed there, and when that was last looked at.
+/// installed there, when that was last looked at, and when it next has work.
 #[derive(Default)]
 struct Known {
     databases: HashMap<pg_sys::Oid, Knowledge>,
+    /// When pg_database was last listed.
+    listed_at: Option<Instant>,
 }
 
 struct Knowledge {
     installed: bool,
     checked_at: Instant,
+    /// When the reaper next has work there (a lease expiry or a purge);
+    /// `None`: nothing until a claim or cancel touches the database.
+    due_at: Option<Instant>,
     /// Until then the database is looked at every pass even if pg_lease was
     /// absent: an install asked for it, and its transaction may not have
     /// committed at the first look.
@@ -99,32 +113,45 @@ struct Knowledge {
 }
 
 impl Known {
-    /// Whether database `oid` should get a sweeper this pass: always where
-    /// pg_lease is installed, otherwise only when it was never looked at,
-    /// an install asked for it, or the last look is older than
-    /// `lease.discovery_interval`.
-    fn due(&self, oid: pg_sys::Oid) -> bool {
+    /// Whether database `oid` should get a sweeper this pass. One with
+    /// pg_lease: when its work is due, when a transaction there may have
+    /// created work since the last pass (`touched`), or when a sweep failed.
+    /// One without: when never looked at, when an install asked, or when
+    /// the last look is older than `lease.discovery_interval` (which also
+    /// bounds how long an idle database goes unswept).
+    fn due(&self, oid: pg_sys::Oid, touched: bool) -> bool {
+        let now = Instant::now();
         match self.databases.get(&oid) {
             None => true,
-            Some(k) if k.installed => true,
+            Some(k) if k.installed => {
+                touched
+                    || k.due_at.is_some_and(|t| now >= t)
+                    || k.checked_at.elapsed() >= settings::discovery_interval()
+            }
             Some(k) => {
-                k.eager_until.is_some_and(|t| Instant::now() < t)
+                k.eager_until.is_some_and(|t| now < t)
                     || k.checked_at.elapsed() >= settings::discovery_interval()
             }
         }
     }
 
-    /// Records a sweeper's verdict; a sweeper that failed before it could
-    /// tell leaves what was known, so it is retried no sooner than a look.
-    fn record(&mut self, oid: pg_sys::Oid, verdict: Option<Verdict>) {
+    /// Records what a sweeper found. One that failed before it could tell
+    /// leaves what was known and is tried again next pass.
+    fn record(&mut self, oid: pg_sys::Oid, verdict: Option<Verdict>, next_due_ms: Option<u64>) {
+        let now = Instant::now();
         let entry = self.databases.entry(oid).or_insert(Knowledge {
             installed: false,
-            checked_at: Instant::now(),
+            checked_at: now,
+            due_at: None,
             eager_until: None,
         });
-        entry.checked_at = Instant::now();
-        if let Some(verdict) = verdict {
-            entry.installed = verdict == Verdict::Installed;
+        entry.checked_at = now;
+        match verdict {
+            Some(verdict) => {
+                entry.installed = verdict == Verdict::Installed;
+                entry.due_at = next_due_ms.map(instant_of);
+            }
+            None => entry.due_at = Some(now),
         }
     }
 
@@ -134,15 +161,41 @@ impl Known {
             Knowledge {
                 installed: false,
                 checked_at: Instant::now(),
+                due_at: None,
                 eager_until: Some(Instant::now() + EAGER_LOOK),
             },
         );
     }
 
-    /// Forgets databases that were dropped.
-    fn retain(&mut self, listed: &[(pg_sys::Oid, String)]) {
+    /// Whether this pass may have something to do: the first pass, a
+    /// touch anywhere (it may come from a database not seen yet, e.g. one
+    /// created from a template that has pg_lease), a known database due, or
+    /// a periodic look due.
+    fn worth_a_pass(&self, touched: &[u64]) -> bool {
+        let periodic = self
+            .listed_at
+            .is_none_or(|t| t.elapsed() >= settings::discovery_interval());
+        periodic
+            || touched.iter().any(|word| *word != 0)
+            || self.databases.keys().any(|oid| self.due(*oid, false))
+    }
+
+    /// Takes a fresh list of databases, forgetting those that were dropped.
+    fn listed(&mut self, listed: &[(pg_sys::Oid, String)]) {
+        self.listed_at = Some(Instant::now());
         self.databases
             .retain(|oid, _| listed.iter().any(|(o, _)| o == oid));
+    }
+}
+
+/// The monotonic instant of a wall-clock time in ms since the Unix epoch
+/// (the database clock is this machine's clock).
+fn instant_of(ms: u64) -> Instant {
+    let target = UNIX_EPOCH + Duration::from_millis(ms);
+    let now = Instant::now();
+    match target.duration_since(SystemTime::now()) {
+        Ok(ahead) => now + ahead,
+        Err(_) => now,
     }
 }
 

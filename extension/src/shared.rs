@@ -6,9 +6,16 @@
 //! `CREATE EXTENSION` asks the launcher to look at its database now
 //! ([`request_discovery`]) instead of at the next rare re-check.
 //!
+//! Idle databases cost next to nothing too: a sweeper reports when its
+//! database next has work for the reaper ([`report_next_due`]: the earliest
+//! lease expiry or purge), and every transaction that can create such work
+//! (a claim, a cancel) marks its database at commit ([`reaper_touch`]), so
+//! the launcher sweeps a database only when something is due or changed.
+//!
 //! All of it exists only when pg_lease is preloaded; elsewhere the functions
 //! do nothing and report nothing.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use pgrx::prelude::*;
@@ -21,6 +28,18 @@ static PRELOADED: AtomicBool = AtomicBool::new(false);
 /// The last sweeper's finding: `oid << 8 | verdict`. The launcher runs one
 /// sweeper at a time and clears this before starting it.
 static VERDICT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease sweep verdict") };
+
+/// When the last sweeper's database next has work, in milliseconds since
+/// the Unix epoch (0: nothing is due until something changes). Written
+/// before the verdict, read after it.
+static NEXT_DUE: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease next due") };
+
+/// Bit `oid % TOUCH_BITS` is set when a transaction of that database that
+/// may have created work for the reaper commits. Collisions only cost an
+/// extra sweep.
+const TOUCH_WORDS: usize = 16;
+const TOUCH_BITS: u32 = 64 * TOUCH_WORDS as u32;
+static TOUCHED: PgAtomic<[AtomicU64; TOUCH_WORDS]> = unsafe { PgAtomic::new(c"pg_lease touched") };
 
 /// A database that just ran `CREATE EXTENSION pg_lease` (0: none).
 static DISCOVER: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"pg_lease discover") };
@@ -46,6 +65,8 @@ pub enum Verdict {
 /// Reserves the shared state; call from `_PG_init` while preloading.
 pub fn init() {
     pg_shmem_init!(VERDICT = AtomicU64::new(0));
+    pg_shmem_init!(NEXT_DUE = AtomicU64::new(0));
+    pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
     pg_shmem_init!(SLOT_SHORTAGES = AtomicU64::new(0));
@@ -70,10 +91,75 @@ pub fn report(oid: pg_sys::Oid, verdict: Verdict) {
     }
 }
 
+/// Sweeper side: when its database next has work (ms since the Unix epoch),
+/// or `None` if nothing is due until something changes.
+pub fn report_next_due(due_ms: Option<u64>) {
+    if preloaded() {
+        NEXT_DUE.get().store(due_ms.unwrap_or(0), Ordering::Release);
+    }
+}
+
+/// Launcher side, after the sweeper exited: when its database next has work.
+pub fn next_due() -> Option<u64> {
+    if !preloaded() {
+        return None;
+    }
+    match NEXT_DUE.get().swap(0, Ordering::AcqRel) {
+        0 => None,
+        ms => Some(ms),
+    }
+}
+
+/// Launcher side, once per pass: which databases were touched since the
+/// last pass (a set of bits, see [`touched`]), clearing them.
+pub fn take_touched() -> [u64; TOUCH_WORDS] {
+    let mut words = [0; TOUCH_WORDS];
+    if preloaded() {
+        for (word, shared) in words.iter_mut().zip(TOUCHED.get()) {
+            *word = shared.swap(0, Ordering::AcqRel);
+        }
+    }
+    words
+}
+
+/// Whether `oid`'s bit is set in a [`take_touched`] snapshot.
+pub fn touched(words: &[u64; TOUCH_WORDS], oid: pg_sys::Oid) -> bool {
+    let bit = oid.to_u32() % TOUCH_BITS;
+    words[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+}
+
+thread_local! {
+    /// Whether this transaction already asked to touch at commit.
+    static TOUCH_PENDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current database for the reaper when the current transaction
+/// commits (not before: a sweep that ran between now and the commit would
+/// not see this transaction's rows). Called by claims and cancels; costs a
+/// flag test after the first call in a transaction. A no-op where pg_lease
+/// is not preloaded.
+#[pg_extern(volatile, parallel_unsafe, name = "_reaper_touch")]
+fn reaper_touch() {
+    if !preloaded() || TOUCH_PENDING.with(Cell::get) {
+        return;
+    }
+    TOUCH_PENDING.with(|p| p.set(true));
+    let database = unsafe { pg_sys::MyDatabaseId };
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+        let bit = database.to_u32() % TOUCH_BITS;
+        TOUCHED.get()[(bit / 64) as usize].fetch_or(1 << (bit % 64), Ordering::AcqRel);
+        TOUCH_PENDING.with(|p| p.set(false));
+    });
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, || {
+        TOUCH_PENDING.with(|p| p.set(false));
+    });
+}
+
 /// Launcher side: forgets any earlier verdict before a sweeper starts.
 pub fn clear_verdict() {
     if preloaded() {
         VERDICT.get().store(0, Ordering::Release);
+        NEXT_DUE.get().store(0, Ordering::Release);
     }
 }
 
@@ -170,6 +256,16 @@ calls it); does nothing where pg_lease is not preloaded.$$;
 "#,
     name = "reaper_discover_comment",
     requires = [reaper_discover],
+);
+
+pgrx::extension_sql!(
+    r#"
+COMMENT ON FUNCTION lease._reaper_touch() IS
+$$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
+have work for it (claims and cancels call it); does nothing where pg_lease is not preloaded.$$;
+"#,
+    name = "reaper_touch_comment",
+    requires = [reaper_touch],
 );
 
 pgrx::extension_sql!(

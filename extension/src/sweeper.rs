@@ -107,6 +107,19 @@ fn sweep_once(oid: pg_sys::Oid, batch: i32) -> bool {
             )?
             .first()
             .get_two::<i64, i64>()?;
+        // When the reaper next has work here, so that an idle database is
+        // not swept every pass. Internal, hence as the sweeper's own role;
+        // its body was resolved when the extension was created.
+        let due_ms = client
+            .update(
+                "SET LOCAL ROLE NONE;
+                 SELECT (pg_catalog.date_part('epoch', lease._next_sweep_due()) * 1000)::bigint",
+                None,
+                &[],
+            )?
+            .first()
+            .get_one::<i64>()?;
+        shared::report_next_due(due_ms.and_then(|ms| u64::try_from(ms.max(1)).ok()));
         let batch = i64::from(batch);
         Ok(recovered.unwrap_or(0) >= batch || purged.unwrap_or(0) >= batch)
     });
