@@ -59,27 +59,45 @@ DECLARE
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
     RETURN QUERY
-    WITH renewed AS (
-        UPDATE lease.job j
-           SET lease_until = clock_timestamp() + d
+    WITH held AS MATERIALIZED (
+        -- A heartbeat locks many rows; waiting for one that another
+        -- transaction holds (a writer of an attached table removing it, in
+        -- its own order) while holding the others can deadlock. So rows
+        -- locked by others are skipped and reported as busy (held NULL).
+        SELECT j.id
+          FROM lease.job j
          WHERE j.id = ANY (ids)
            AND (j.epoch = epochs[array_position(ids, j.id)]
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
            AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE lease.job j
+           SET lease_until = clock_timestamp() + d
+         WHERE j.id = ANY (ARRAY(SELECT h.id FROM held h))
         RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
     )
     -- Matched on (id, epoch): a stale epoch listed beside the current one
-    -- for the same id is reported as lost.
-    SELECT w.id, r.id IS NOT NULL, r.lease_until, r.cancel_requested
+    -- for the same id is reported as lost. A row not renewed that this
+    -- statement still sees held was skipped as locked: busy.
+    SELECT w.id,
+           CASE WHEN r.id IS NOT NULL THEN true WHEN s.id IS NOT NULL THEN NULL ELSE false END,
+           coalesce(r.lease_until, s.lease_until),
+           coalesce(r.cancel_requested, s.cancel_requested)
       FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
       LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
+      LEFT JOIN lease.job s ON r.id IS NULL AND s.id = w.id AND s.epoch = w.epoch AND s.owner = o
+                           AND s.state = 'leased' AND s.lease_until > clock_timestamp()
      ORDER BY w.ord;
 END
 $$;
 
 COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval) IS
 $$lease.renew for many leases of one owner in one statement (one round trip per heartbeat). ids[i] goes
-with epochs[i]; returns one lease.renewal per element, in input order.
+with epochs[i]; returns one lease.renewal per element, in input order. It never waits for a row another
+transaction holds locked (the owner's own open fence, a writer of an attached table removing the row):
+such a lease is reported with held NULL (busy: still held, not extended; try again soon) and its current
+lease_until.
 Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
 elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
 

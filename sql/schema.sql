@@ -119,7 +119,7 @@ CREATE TYPE lease.renewal AS (
 );
 
 COMMENT ON TYPE lease.renewal IS
-    'Result of lease.renew: held = false means the lease is lost (expired, taken over or released) and nothing changed.';
+    'Result of lease.renew: held = false means the lease is lost (expired, taken over or released) and nothing changed; NULL (renew_batch only) that the row was locked by another transaction and not extended this time.';
 
 -- Claimed rows. A composite type because the claim's "queue" argument and the
 -- result's "queue" column share a name.

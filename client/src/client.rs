@@ -1007,9 +1007,12 @@ fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
 }
 
 fn renewal_from_row(row: &Row) -> Result<Renewal> {
+    // NULL: held but locked by another transaction, not extended (busy).
+    let held: Option<bool> = col(row, 1)?;
     Ok(Renewal {
         id: col(row, 0)?,
-        held: col(row, 1)?,
+        held: held.unwrap_or(true),
+        busy: held.is_none(),
         lease_until: col(row, 2)?,
         cancel_requested: col::<Option<bool>>(row, 3)?.unwrap_or(false),
     })

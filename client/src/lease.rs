@@ -246,7 +246,14 @@ pub struct Renewal {
     /// `false`: the lease is lost (expired, reaped, taken over, released);
     /// stop working.
     pub held: bool,
-    /// New end of the lease by the database clock, when held.
+    /// Held, but not extended this time: another transaction had the row
+    /// locked (your own open [`fence`](crate::fence), or a writer of an
+    /// attached table that may be removing the row). Only from
+    /// [`Client::renew_batch`](crate::Client::renew_batch), which never
+    /// waits for such a row. Try again soon; `lease_until` is unchanged.
+    pub busy: bool,
+    /// End of the lease by the database clock, when held (extended unless
+    /// `busy`).
     pub lease_until: Option<SystemTime>,
     /// `lease.cancel` was called for this row: stop and release.
     pub cancel_requested: bool,

@@ -854,6 +854,12 @@ async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
                     slot.fire(CancelReason::Lost);
                     continue;
                 }
+                if renewal.busy {
+                    // Not extended: keep the old deadline and come back
+                    // soon, before it passes.
+                    wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
+                    continue;
+                }
                 slot.deadline.send_if_modified(|d| {
                     let later = confirmed_until > *d;
                     if later {

@@ -206,3 +206,88 @@ async fn cancel_by_key_requeue_and_batch_named_release() {
         .expect_err("lengths differ");
     assert_eq!(sqlstate(&code).as_deref(), Some("22023"));
 }
+
+/// The heartbeat's deadlock: `renew_batch` locked its leases one by one
+/// while an acknowledgement consumer, in one transaction, moved several
+/// rows out of the predicate in another order (each trigger removing a
+/// lease row); each waited for the other and one died with 40P01 (every
+/// round on main at 3729e87). Now a heartbeat skips rows locked by others
+/// and reports them busy (held NULL, not extended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_and_a_consumer_never_deadlock() {
+    let cluster = Cluster::start();
+    let setup = cluster.connect().await;
+    items(&setup).await;
+    let heartbeat = cluster.connect().await;
+    let consumer = cluster.connect().await;
+    for round in 0..10 {
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        setup
+            .execute(
+                "INSERT INTO items VALUES ($1, 'validating'), ($2, 'validating')",
+                &[&a, &b],
+            )
+            .await
+            .expect("insert");
+        let rows = heartbeat
+            .query(
+                "SELECT id, epoch FROM lease.claim_pending(2, '1 minute', 'w', 'items') ORDER BY id",
+                &[],
+            )
+            .await
+            .expect("claim");
+        let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        let epochs: Vec<i64> = rows.iter().map(|r| r.get(1)).collect();
+        // The consumer acknowledges the second row first...
+        consumer.batch_execute("BEGIN").await.expect("begin");
+        consumer
+            .execute("UPDATE items SET status = 'acked' WHERE id = $1", &[&b])
+            .await
+            .expect("ack b");
+        // ...while the heartbeat renews both, in id order...
+        let renew = {
+            let (ids, epochs) = (ids.clone(), epochs.clone());
+            let hb = cluster.connect().await;
+            tokio::spawn(async move {
+                hb.query(
+                    "SELECT held FROM lease.renew_batch($1, 'w', $2, '1 minute')",
+                    &[&ids, &epochs],
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // ...and then the first.
+        let acked = consumer
+            .execute("UPDATE items SET status = 'acked' WHERE id = $1", &[&a])
+            .await;
+        let committed = consumer.batch_execute("COMMIT").await;
+        let renewed = renew.await.expect("task");
+        for (what, err) in [
+            ("consumer", acked.as_ref().err()),
+            ("commit", committed.as_ref().err()),
+            ("heartbeat", renewed.as_ref().err()),
+        ] {
+            if let Some(err) = err {
+                panic!(
+                    "round {round}: {what} failed with {:?}: {err}",
+                    sqlstate(err)
+                );
+            }
+        }
+        let held: Vec<Option<bool>> = renewed.expect("renewed").iter().map(|r| r.get(0)).collect();
+        assert_eq!(
+            held[1], None,
+            "round {round}: the locked row is busy, not lost"
+        );
+        let left: i64 = scalar(
+            &setup,
+            "SELECT count(*) FROM lease.job WHERE queue = 'items'",
+        )
+        .await;
+        assert_eq!(
+            left, 0,
+            "round {round}: both acknowledged rows lost their leases"
+        );
+    }
+}

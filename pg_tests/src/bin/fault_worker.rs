@@ -331,7 +331,9 @@ impl Task {
             .await?;
         for (k, row) in rows.iter().enumerate() {
             let Some(&i) = live.get(k) else { break };
-            if !row.get::<_, bool>(0) {
+            // NULL: busy (locked by another transaction), held but not
+            // extended; the next heartbeat tries again.
+            if row.get::<_, Option<bool>>(0) == Some(false) {
                 self.held[i].gone = true;
                 let h = self.held[i].clone();
                 self.note("renew_lost", &h).await;
