@@ -28,11 +28,13 @@ CREATE TABLE lease.attachment (
     -- By number, so that renaming the key column changes nothing.
     key_attnum  smallint NOT NULL,
     pending     text NOT NULL,
-    attached_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    attached_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The column claims follow (lease.job.rank), if any.
+    order_attnum smallint
 );
 
 COMMENT ON TABLE lease.attachment IS
-    'Domain tables attached with lease.attach(): their queue, primary-key column (by number) and pending predicate.';
+    'Domain tables attached with lease.attach(): their queue, primary-key column and order_by column (by number) and pending predicate.';
 
 -- The key column's current name, if it is still a key type attach supports:
 -- the trigger function casts the key to text as the extension owner, and a
@@ -50,6 +52,25 @@ RETURN (SELECT a.attname
 COMMENT ON FUNCTION lease._attached_key_column(text, oid) IS
     'Internal: the current name of the key column of table REL attached to QUEUE; NULL if there is no such attachment or the column was dropped or retyped to a type attach does not support.';
 
+-- The rank (lease.job.rank) of a table's row as SQL over the row ROW_REF,
+-- from its order_by column ATTNUM: microseconds since the epoch for times,
+-- the value for integers, 0 without a column. NULL if that column is gone or
+-- has another type now: the trigger function runs it as the extension owner,
+-- so no cast a user could define may be reached (the key's reason too).
+CREATE FUNCTION lease._rank_sql(rel oid, attnum smallint, row_ref text) RETURNS text
+LANGUAGE sql STABLE
+RETURN CASE WHEN attnum IS NULL THEN '0' ELSE (
+    SELECT CASE WHEN a.atttypid IN ('timestamptz'::regtype, 'timestamp'::regtype, 'date'::regtype)
+                    THEN format('(date_part(''epoch'', (%s).%I) * 1000000)::bigint', row_ref, a.attname)
+                WHEN a.atttypid IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype)
+                    THEN format('(%s).%I::bigint', row_ref, a.attname)
+           END
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = _rank_sql.rel AND a.attnum = _rank_sql.attnum AND NOT a.attisdropped) END;
+
+COMMENT ON FUNCTION lease._rank_sql(oid, smallint, text) IS
+    'Internal: SQL computing lease.job.rank from order_by column ATTNUM of table REL for the row ROW_REF (''0'' without one); NULL if the column is gone or not a time or integer type.';
+
 CREATE FUNCTION lease._attached_row_changed() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -58,6 +79,8 @@ DECLARE
     q constant text := TG_ARGV[0];
     col constant name := lease._attached_key_column(q, TG_RELID);
     k text;
+    r bigint;
+    rank_sql text;
 BEGIN
     IF col IS NULL THEN
         RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
@@ -68,16 +91,26 @@ BEGIN
         DELETE FROM lease.job j WHERE j.queue = q;
         RETURN NULL;
     END IF;
+    IF TG_ARGV[1] IN ('start', 'reorder') THEN
+        rank_sql := lease._rank_sql(TG_RELID, (SELECT t.order_attnum FROM lease.attachment t WHERE t.queue = q), '$1');
+        IF rank_sql IS NULL THEN
+            RAISE EXCEPTION 'the order_by column of % was dropped or retyped', TG_RELID::regclass
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Give it a time or integer type again, or detach and attach the table.';
+        END IF;
+        EXECUTE format('SELECT ($1).%I::text, %s', col, rank_sql) INTO k, r USING NEW;
+    END IF;
     IF TG_ARGV[1] = 'start' THEN
-        EXECUTE format('SELECT ($1).%I::text', col) INTO k USING NEW;
         -- A row that still has a job row (dead or cancelled) keeps it: it
         -- is not new work.
-        INSERT INTO lease.job (queue, key, payload, next_at, created_at)
-        VALUES (q, k, '{}', clock_timestamp(), clock_timestamp())
+        INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
+        VALUES (q, k, '{}', r, clock_timestamp(), clock_timestamp())
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
         IF FOUND THEN
             PERFORM lease.wake(q, 1);
         END IF;
+    ELSIF TG_ARGV[1] = 'reorder' THEN
+        UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k;
     ELSE
         -- Stopped matching (the domain moved on, or the row is gone): the
         -- row is no longer claimable and any lease on it ends now.
@@ -89,13 +122,14 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._attached_row_changed() IS
-$$Internal trigger function of attached tables, arguments (queue, 'start' | 'stop'): adds the pending job
-row of a row that started matching the predicate, or removes that of a row that stopped matching; on
-TRUNCATE removes them all. Refuses (55000) to act unless it fires on the table attached to that queue.
+$$Internal trigger function of attached tables, arguments (queue, 'start' | 'stop' | 'reorder'): adds the
+pending job row of a row that started matching the predicate, removes that of a row that stopped matching,
+or updates its rank when its order_by column changed; on TRUNCATE removes them all. Refuses (55000) to act unless it fires on the table attached to that queue.
 EXECUTE is granted to lease_admin only so that lease.attach can create the triggers; a trigger function
 cannot be called directly.$$;
 
-CREATE FUNCTION lease._attach_triggers(rel regclass, queue text, pending text, key_col name) RETURNS void
+CREATE FUNCTION lease._attach_triggers(rel regclass, queue text, pending text, key_col name, order_col name)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -131,12 +165,21 @@ BEGIN
     EXECUTE format('CREATE TRIGGER pg_lease_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT
                     EXECUTE FUNCTION lease._attached_row_changed(%L, ''truncate'')',
                    rel, queue);
+    IF order_col IS NOT NULL THEN
+        -- A matching row whose order_by value changes keeps its lease row
+        -- and gets the new rank.
+        EXECUTE format('CREATE TRIGGER pg_lease_reorder AFTER UPDATE OF %I ON %s FOR EACH ROW
+                        WHEN ((%s) AND (%s) AND NOT (%s) AND OLD.%I IS DISTINCT FROM NEW.%I)
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''reorder'')',
+                       order_col, rel, now_in, was_in, key_moved, order_col, order_col, queue);
+    END IF;
 END
 $$;
 
-COMMENT ON FUNCTION lease._attach_triggers(regclass, text, text, name) IS
-$$Internal part of lease.attach (and of the 0.1.0 upgrade): creates the five triggers of table REL attached
-to QUEUE with predicate PENDING, as the caller, who must own the table. Granted to lease_admin because
+COMMENT ON FUNCTION lease._attach_triggers(regclass, text, text, name, name) IS
+$$Internal part of lease.attach (and of the 0.1.0 upgrade): creates the triggers of table REL attached to
+QUEUE with predicate PENDING (and ORDER_COL, if any, followed by claims), as the caller, who must own the
+table. Granted to lease_admin because
 lease.attach runs as its caller; the triggers it creates act only for an attached table.$$;
 
 CREATE FUNCTION lease.attach(
@@ -146,7 +189,8 @@ CREATE FUNCTION lease.attach(
     max_attempts   integer  DEFAULT 25,
     backoff_base   interval DEFAULT '1 second',
     backoff_max    interval DEFAULT '1 hour',
-    dead_retention interval DEFAULT '7 days'
+    dead_retention interval DEFAULT '7 days',
+    order_by       name     DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -156,7 +200,10 @@ DECLARE
     key_attnum smallint;
     key_col name;
     key_type regtype;
+    order_attnum smallint;
+    rank_sql text;
     existing text[];
+    ranks bigint[];
 BEGIN
     -- Runs as the caller: creating triggers proves the caller may, and the
     -- predicate is parsed and first evaluated with the caller's rights.
@@ -180,26 +227,41 @@ BEGIN
     IF q IS NULL THEN
         SELECT c.relname INTO q FROM pg_class c WHERE c.oid = "table";
     END IF;
+    IF order_by IS NOT NULL THEN
+        SELECT a.attnum INTO order_attnum
+          FROM pg_attribute a
+         WHERE a.attrelid = "table" AND a.attname = order_by AND a.attnum > 0 AND NOT a.attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'column "%" of % does not exist', order_by, "table" USING ERRCODE = 'undefined_column';
+        END IF;
+    END IF;
+    rank_sql := lease._rank_sql("table", order_attnum, 't');
+    IF rank_sql IS NULL THEN
+        RAISE EXCEPTION 'order_by column "%" of % must have a time or integer type', order_by, "table"
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Supported: timestamptz, timestamp, date, bigint, integer, smallint.';
+    END IF;
 
     -- Creating the triggers needs the caller to own the table. The lock it
     -- takes (SHARE ROW EXCLUSIVE, until commit) keeps concurrent writes, and
     -- a concurrent attach, out until the triggers and the initial rows are
     -- in place.
     BEGIN
-        PERFORM lease._attach_triggers("table", q, pending, key_col);
+        PERFORM lease._attach_triggers("table", q, pending, key_col, order_by);
     EXCEPTION WHEN duplicate_object THEN
         RAISE EXCEPTION 'table % is already attached', "table" USING ERRCODE = 'duplicate_object';
     END;
     -- The rows matching now become claimable.
-    EXECUTE format('SELECT coalesce(array_agg(%I::text), ''{}'') FROM %s WHERE (%s)', key_col, "table", pending)
-       INTO existing;
-    PERFORM lease._attach_register("table", q, key_attnum, pending, max_attempts, backoff_base,
-                                   backoff_max, dead_retention, existing);
+    EXECUTE format('SELECT coalesce(array_agg(t.%I::text), ''{}''), coalesce(array_agg(%s), ''{}'')
+                      FROM %s AS t WHERE (%s)', key_col, rank_sql, "table", pending)
+       INTO existing, ranks;
+    PERFORM lease._attach_register("table", q, key_attnum, order_attnum, pending, max_attempts, backoff_base,
+                                   backoff_max, dead_retention, existing, ranks);
     RETURN q;
 END
 $$;
 
-COMMENT ON FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval) IS
+COMMENT ON FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval, name) IS
 $$Makes the rows of TABLE for which PENDING (an SQL boolean expression over the table's columns, e.g.
 'status = ''SCHEDULED''') holds claimable in queue QUEUE (default: the table's name without schema), with the queue
 options given. claim_pending returns them with key = the primary key as text; renew, release,
@@ -208,15 +270,18 @@ become claimable; rows that stop matching (or are deleted, or truncated) stop be
 lease ends; DROP TABLE detaches. lease.enqueue refuses the queue (42809).
 The predicate may use the row's columns and functions of them, no subqueries; it is evaluated when a
 row is written, as the writing role, so it must not depend on the time or on other tables. Returns the
-queue name. The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL;
+queue name. ORDER_BY names a column (time or integer) that claims follow, lowest first, within a
+priority (e.g. an SLO deadline); a change of it on a matching row moves the row in the order.
+The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL; 42703 no
+such order_by column; 0A000 order_by not a time or integer type;
 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
 already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
 over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner; 22023 bad queue
 option.$$;
 
 CREATE FUNCTION lease._attach_register(
-    rel regclass, queue text, key_attnum smallint, pending text, max_attempts integer,
-    backoff_base interval, backoff_max interval, dead_retention interval, existing text[]
+    rel regclass, queue text, key_attnum smallint, order_attnum smallint, pending text, max_attempts integer,
+    backoff_base interval, backoff_max interval, dead_retention interval, existing text[], ranks bigint[]
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -240,11 +305,12 @@ BEGIN
     -- afresh (a new id, hence a new token) when it matches again.
     PERFORM lease.create_queue(queue, max_attempts, backoff_base, backoff_max, '0', dead_retention);
     UPDATE lease.queue q SET attached = true WHERE q.name = _attach_register.queue;
-    INSERT INTO lease.attachment (queue, rel, key_attnum, pending)
-    VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.pending);
-    INSERT INTO lease.job (queue, key, payload, next_at, created_at)
-    SELECT _attach_register.queue, k, '{}', clock_timestamp(), clock_timestamp()
-      FROM unnest(existing) AS k
+    INSERT INTO lease.attachment (queue, rel, key_attnum, order_attnum, pending)
+    VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.order_attnum,
+            _attach_register.pending);
+    INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
+    SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
+      FROM unnest(existing, ranks) AS u(k, r)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
     IF cardinality(existing) > 0 THEN
         PERFORM lease.wake(_attach_register.queue, cardinality(existing));
@@ -252,9 +318,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, text, integer, interval, interval, interval, text[]) IS
+COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, smallint, text, integer, interval, interval, interval, text[], bigint[]) IS
 $$Internal part of lease.attach that needs the extension owner's rights: creates the queue, records the
-attachment and makes the EXISTING keys claimable. Granted to lease_admin because lease.attach runs as
+attachment and makes the EXISTING keys claimable with their RANKS. Granted to lease_admin because lease.attach runs as
 its caller; refuses (42501) unless the calling role owns the table. Errors: 42710 the table is attached
 or the queue exists; 22023 bad queue option.$$;
 

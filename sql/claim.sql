@@ -44,7 +44,7 @@ BEGIN
          WHERE j.queue = q
            AND j.state = 'pending'
            AND j.next_at <= t
-         ORDER BY j.priority DESC, j.next_at, j.id
+         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT n
            FOR UPDATE SKIP LOCKED
     )
@@ -70,7 +70,7 @@ $$;
 COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
 $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
 token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
-in order of priority (highest first), next-eligible time, id; rows locked by others are skipped,
+in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or

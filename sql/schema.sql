@@ -60,7 +60,10 @@ CREATE TABLE lease.job (
     payload          jsonb NOT NULL,
     state            lease.job_state NOT NULL DEFAULT 'pending',
     priority         integer NOT NULL DEFAULT 0,
-    -- pending: claimable from this time on; claims order by it after priority.
+    -- Claims order by it after priority: an attached table's order_by
+    -- column (e.g. an SLO deadline, in microseconds), 0 elsewhere.
+    rank             bigint NOT NULL DEFAULT 0,
+    -- pending: claimable from this time on; claims order by it after rank.
     next_at          timestamptz NOT NULL,
     -- Claims that spent an attempt (abandon gives its attempt back).
     attempt          integer NOT NULL DEFAULT 0,
@@ -81,7 +84,7 @@ COMMENT ON TABLE lease.job IS
     'Work items and their leases. Read through the lease.* views; change only through lease.* functions.';
 
 -- The claim path: pending rows of one queue in claim order.
-CREATE INDEX job_ready ON lease.job (queue, priority DESC, next_at, id)
+CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
     WHERE state = 'pending';
 -- The reap path: all leased rows, few at any time. Keyed on id, not on
 -- lease_until (renewals must not touch any index, to stay HOT) and not on

@@ -16,6 +16,13 @@ ALTER TABLE lease.queue
     ADD COLUMN restricted boolean NOT NULL DEFAULT false,
     ADD COLUMN attached   boolean NOT NULL DEFAULT false;
 
+-- A constant default: no table rewrite. The claim index follows the new
+-- claim order (priority, rank, next_at, id).
+ALTER TABLE lease.job ADD COLUMN rank bigint NOT NULL DEFAULT 0;
+DROP INDEX lease.job_ready;
+CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
+    WHERE state = 'pending';
+
 CREATE TABLE lease.queue_grant (
     queue   text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
     grantee regrole NOT NULL,
@@ -27,7 +34,7 @@ CREATE TABLE lease.queue_grant (
 COMMENT ON TABLE lease.queue_grant IS
     'Roles granted work and/or produce rights on a restricted queue. Change it with lease.grant / lease.revoke.';
 
-ALTER TABLE lease.attachment ADD COLUMN key_attnum smallint;
+ALTER TABLE lease.attachment ADD COLUMN key_attnum smallint, ADD COLUMN order_attnum smallint;
 UPDATE lease.attachment a
    SET key_attnum = (SELECT c.attnum FROM pg_catalog.pg_attribute c
                       WHERE c.attrelid = a.rel AND c.attname = a.key_column);
@@ -35,7 +42,7 @@ UPDATE lease.queue q SET attached = true
  WHERE q.name IN (SELECT a.queue FROM lease.attachment a);
 
 COMMENT ON TABLE lease.attachment IS
-    'Domain tables attached with lease.attach(): their queue, primary-key column (by number) and pending predicate.';
+    'Domain tables attached with lease.attach(): their queue, primary-key column and order_by column (by number) and pending predicate.';
 
 -- What 0.2.0 no longer has --------------------------------------------------
 
@@ -61,6 +68,7 @@ DROP FUNCTION lease.sync_attached(text, text[], text[]);
 DROP FUNCTION lease.register_attachment(regclass, text, name, text, integer, interval, interval, interval);
 DROP FUNCTION lease.unregister_attachment(text);
 DROP FUNCTION lease.next_state(text, boolean, integer, integer);
+DROP FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval);
 -- Changes language and body; its signature stays, but dropping is simplest.
 DROP FUNCTION lease.reap(integer);
 DROP VIEW lease.reaper_stats;
@@ -199,214 +207,6 @@ CREATE OR REPLACE FUNCTION lease.backoff(attempt integer, base interval, cap int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
-
-CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
-RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE plpgsql VOLATILE
-AS $$
-#variable_conflict use_column
-DECLARE
-    n constant integer := lease.checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
-    f constant bigint := lease.epoch_floor();
-    r record;
-BEGIN
-    FOR r IN
-    WITH expired AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.state = 'leased' AND j.lease_until <= t
-           AND (only_queue IS NULL OR j.queue = only_queue)
-         ORDER BY j.lease_until
-         LIMIT n
-           FOR UPDATE SKIP LOCKED
-    ), recovered AS (
-        -- An expiry is a retry that nobody reported: same accounting as
-        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
-        UPDATE lease.job j
-           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                                  THEN t END,
-               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
-               epoch       = greatest(j.epoch + 1, f),
-               lease_until = NULL,
-               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
-          FROM lease.queue q
-         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
-           AND q.name = j.queue
-        RETURNING j.queue, j.state
-    ), counted AS (
-        SELECT r.queue,
-               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
-               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
-               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
-          FROM recovered r
-         GROUP BY r.queue
-    ), totals AS (
-        UPDATE lease.queue q
-           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
-          FROM counted c
-         WHERE q.name = c.queue
-    )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
-    LOOP
-        queue := r.queue;
-        requeued := r.requeued;
-        dead := r.dead;
-        cancelled := r.cancelled;
-        -- Idle workers LISTENing on the channel wake up instead of polling;
-        -- at most one notification per queue and sweep.
-        IF requeued > 0 THEN
-            PERFORM pg_notify('pg_lease_ready', queue);
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-END
-$$;
-
-COMMENT ON FUNCTION lease._reap(integer, text) IS
-    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
-
-CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
-RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT * FROM lease._reap(max_rows, NULL);
-END;
-
--- Unchanged, but lost with the function dropped above.
-COMMENT ON FUNCTION lease.reap(integer) IS
-$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
-how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
-cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
-Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
-that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
-Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
-
-CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    n constant integer := lease.checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
-    removed bigint;
-BEGIN
-    WITH old AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
-         WHERE j.state IN ('done', 'dead', 'cancelled')
-           -- An attached table's finished rows go when their table row stops
-           -- matching; purging them earlier would leave that row unleased.
-           AND NOT q.attached
-           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
-         LIMIT n
-           FOR UPDATE OF j SKIP LOCKED
-    )
-    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    RETURN removed;
-END
-$$;
-
-COMMENT ON FUNCTION lease.purge(integer) IS
-$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
-(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
-
-CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
-LANGUAGE sql STABLE
-RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
-                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
-                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                    AND s.setrole = 0), 0);
-
-COMMENT ON FUNCTION lease._named_epoch_watermark() IS
-    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
-
-CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
-BEGIN
-    -- At ddl_command_start it is not known yet which extension goes; any
-    -- DROP EXTENSION records (rare, and harmless for the others).
-    IF highest > lease._named_epoch_watermark() THEN
-        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
-                       current_database(), highest);
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._remember_named_epochs() IS
-    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
-
-CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
-    f  constant bigint := lease.epoch_floor();
-    got bigint;
-BEGIN
-    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
-    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
-    ON CONFLICT (name) DO UPDATE
-        SET owner       = EXCLUDED.owner,
-            epoch       = greatest(n.epoch + 1, f),
-            lease_until = clock_timestamp() + d,
-            acquired_at = clock_timestamp()
-        -- Free, or held by this owner name (a restarted process): either way
-        -- the new epoch fences every earlier holder.
-        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
-    RETURNING n.epoch INTO got;
-    RETURN got;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
-RETURNS TABLE (name text, released boolean)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    o constant text := lease.checked_owner(owner);
-BEGIN
-    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
-       OR array_position(epochs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
-        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
-            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN QUERY
-    WITH released AS (
-        UPDATE lease.named_lease n
-           SET lease_until = clock_timestamp()
-          FROM unnest(names, epochs) AS w(name, epoch)
-         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
-           AND n.lease_until > clock_timestamp()
-        RETURNING n.name, n.epoch
-    )
-    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
-      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
-     ORDER BY w.ord;
-END
-$$;
-
-COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
-$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
-names[i] goes with epochs[i]; returns (name, released) per element in input order.
-Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
-owner invalid.$$;
 
 CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -797,6 +597,20 @@ RETURN (SELECT a.attname
 COMMENT ON FUNCTION lease._attached_key_column(text, oid) IS
     'Internal: the current name of the key column of table REL attached to QUEUE; NULL if there is no such attachment or the column was dropped or retyped to a type attach does not support.';
 
+CREATE OR REPLACE FUNCTION lease._rank_sql(rel oid, attnum smallint, row_ref text) RETURNS text
+LANGUAGE sql STABLE
+RETURN CASE WHEN attnum IS NULL THEN '0' ELSE (
+    SELECT CASE WHEN a.atttypid IN ('timestamptz'::regtype, 'timestamp'::regtype, 'date'::regtype)
+                    THEN format('(date_part(''epoch'', (%s).%I) * 1000000)::bigint', row_ref, a.attname)
+                WHEN a.atttypid IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype)
+                    THEN format('(%s).%I::bigint', row_ref, a.attname)
+           END
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = _rank_sql.rel AND a.attnum = _rank_sql.attnum AND NOT a.attisdropped) END;
+
+COMMENT ON FUNCTION lease._rank_sql(oid, smallint, text) IS
+    'Internal: SQL computing lease.job.rank from order_by column ATTNUM of table REL for the row ROW_REF (''0'' without one); NULL if the column is gone or not a time or integer type.';
+
 CREATE OR REPLACE FUNCTION lease._attached_row_changed() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -805,6 +619,8 @@ DECLARE
     q constant text := TG_ARGV[0];
     col constant name := lease._attached_key_column(q, TG_RELID);
     k text;
+    r bigint;
+    rank_sql text;
 BEGIN
     IF col IS NULL THEN
         RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
@@ -815,16 +631,26 @@ BEGIN
         DELETE FROM lease.job j WHERE j.queue = q;
         RETURN NULL;
     END IF;
+    IF TG_ARGV[1] IN ('start', 'reorder') THEN
+        rank_sql := lease._rank_sql(TG_RELID, (SELECT t.order_attnum FROM lease.attachment t WHERE t.queue = q), '$1');
+        IF rank_sql IS NULL THEN
+            RAISE EXCEPTION 'the order_by column of % was dropped or retyped', TG_RELID::regclass
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Give it a time or integer type again, or detach and attach the table.';
+        END IF;
+        EXECUTE format('SELECT ($1).%I::text, %s', col, rank_sql) INTO k, r USING NEW;
+    END IF;
     IF TG_ARGV[1] = 'start' THEN
-        EXECUTE format('SELECT ($1).%I::text', col) INTO k USING NEW;
         -- A row that still has a job row (dead or cancelled) keeps it: it
         -- is not new work.
-        INSERT INTO lease.job (queue, key, payload, next_at, created_at)
-        VALUES (q, k, '{}', clock_timestamp(), clock_timestamp())
+        INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
+        VALUES (q, k, '{}', r, clock_timestamp(), clock_timestamp())
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
         IF FOUND THEN
             PERFORM lease.wake(q, 1);
         END IF;
+    ELSIF TG_ARGV[1] = 'reorder' THEN
+        UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k;
     ELSE
         -- Stopped matching (the domain moved on, or the row is gone): the
         -- row is no longer claimable and any lease on it ends now.
@@ -836,13 +662,14 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._attached_row_changed() IS
-$$Internal trigger function of attached tables, arguments (queue, 'start' | 'stop'): adds the pending job
-row of a row that started matching the predicate, or removes that of a row that stopped matching; on
-TRUNCATE removes them all. Refuses (55000) to act unless it fires on the table attached to that queue.
+$$Internal trigger function of attached tables, arguments (queue, 'start' | 'stop' | 'reorder'): adds the
+pending job row of a row that started matching the predicate, removes that of a row that stopped matching,
+or updates its rank when its order_by column changed; on TRUNCATE removes them all. Refuses (55000) to act unless it fires on the table attached to that queue.
 EXECUTE is granted to lease_admin only so that lease.attach can create the triggers; a trigger function
 cannot be called directly.$$;
 
-CREATE OR REPLACE FUNCTION lease._attach_triggers(rel regclass, queue text, pending text, key_col name) RETURNS void
+CREATE OR REPLACE FUNCTION lease._attach_triggers(rel regclass, queue text, pending text, key_col name, order_col name)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -878,12 +705,21 @@ BEGIN
     EXECUTE format('CREATE TRIGGER pg_lease_truncate AFTER TRUNCATE ON %s FOR EACH STATEMENT
                     EXECUTE FUNCTION lease._attached_row_changed(%L, ''truncate'')',
                    rel, queue);
+    IF order_col IS NOT NULL THEN
+        -- A matching row whose order_by value changes keeps its lease row
+        -- and gets the new rank.
+        EXECUTE format('CREATE TRIGGER pg_lease_reorder AFTER UPDATE OF %I ON %s FOR EACH ROW
+                        WHEN ((%s) AND (%s) AND NOT (%s) AND OLD.%I IS DISTINCT FROM NEW.%I)
+                        EXECUTE FUNCTION lease._attached_row_changed(%L, ''reorder'')',
+                       order_col, rel, now_in, was_in, key_moved, order_col, order_col, queue);
+    END IF;
 END
 $$;
 
-COMMENT ON FUNCTION lease._attach_triggers(regclass, text, text, name) IS
-$$Internal part of lease.attach (and of the 0.1.0 upgrade): creates the five triggers of table REL attached
-to QUEUE with predicate PENDING, as the caller, who must own the table. Granted to lease_admin because
+COMMENT ON FUNCTION lease._attach_triggers(regclass, text, text, name, name) IS
+$$Internal part of lease.attach (and of the 0.1.0 upgrade): creates the triggers of table REL attached to
+QUEUE with predicate PENDING (and ORDER_COL, if any, followed by claims), as the caller, who must own the
+table. Granted to lease_admin because
 lease.attach runs as its caller; the triggers it creates act only for an attached table.$$;
 
 CREATE OR REPLACE FUNCTION lease.attach(
@@ -893,7 +729,8 @@ CREATE OR REPLACE FUNCTION lease.attach(
     max_attempts   integer  DEFAULT 25,
     backoff_base   interval DEFAULT '1 second',
     backoff_max    interval DEFAULT '1 hour',
-    dead_retention interval DEFAULT '7 days'
+    dead_retention interval DEFAULT '7 days',
+    order_by       name     DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -903,7 +740,10 @@ DECLARE
     key_attnum smallint;
     key_col name;
     key_type regtype;
+    order_attnum smallint;
+    rank_sql text;
     existing text[];
+    ranks bigint[];
 BEGIN
     -- Runs as the caller: creating triggers proves the caller may, and the
     -- predicate is parsed and first evaluated with the caller's rights.
@@ -927,26 +767,41 @@ BEGIN
     IF q IS NULL THEN
         SELECT c.relname INTO q FROM pg_class c WHERE c.oid = "table";
     END IF;
+    IF order_by IS NOT NULL THEN
+        SELECT a.attnum INTO order_attnum
+          FROM pg_attribute a
+         WHERE a.attrelid = "table" AND a.attname = order_by AND a.attnum > 0 AND NOT a.attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'column "%" of % does not exist', order_by, "table" USING ERRCODE = 'undefined_column';
+        END IF;
+    END IF;
+    rank_sql := lease._rank_sql("table", order_attnum, 't');
+    IF rank_sql IS NULL THEN
+        RAISE EXCEPTION 'order_by column "%" of % must have a time or integer type', order_by, "table"
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Supported: timestamptz, timestamp, date, bigint, integer, smallint.';
+    END IF;
 
     -- Creating the triggers needs the caller to own the table. The lock it
     -- takes (SHARE ROW EXCLUSIVE, until commit) keeps concurrent writes, and
     -- a concurrent attach, out until the triggers and the initial rows are
     -- in place.
     BEGIN
-        PERFORM lease._attach_triggers("table", q, pending, key_col);
+        PERFORM lease._attach_triggers("table", q, pending, key_col, order_by);
     EXCEPTION WHEN duplicate_object THEN
         RAISE EXCEPTION 'table % is already attached', "table" USING ERRCODE = 'duplicate_object';
     END;
     -- The rows matching now become claimable.
-    EXECUTE format('SELECT coalesce(array_agg(%I::text), ''{}'') FROM %s WHERE (%s)', key_col, "table", pending)
-       INTO existing;
-    PERFORM lease._attach_register("table", q, key_attnum, pending, max_attempts, backoff_base,
-                                   backoff_max, dead_retention, existing);
+    EXECUTE format('SELECT coalesce(array_agg(t.%I::text), ''{}''), coalesce(array_agg(%s), ''{}'')
+                      FROM %s AS t WHERE (%s)', key_col, rank_sql, "table", pending)
+       INTO existing, ranks;
+    PERFORM lease._attach_register("table", q, key_attnum, order_attnum, pending, max_attempts, backoff_base,
+                                   backoff_max, dead_retention, existing, ranks);
     RETURN q;
 END
 $$;
 
-COMMENT ON FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval) IS
+COMMENT ON FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval, name) IS
 $$Makes the rows of TABLE for which PENDING (an SQL boolean expression over the table's columns, e.g.
 'status = ''SCHEDULED''') holds claimable in queue QUEUE (default: the table's name without schema), with the queue
 options given. claim_pending returns them with key = the primary key as text; renew, release,
@@ -955,15 +810,18 @@ become claimable; rows that stop matching (or are deleted, or truncated) stop be
 lease ends; DROP TABLE detaches. lease.enqueue refuses the queue (42809).
 The predicate may use the row's columns and functions of them, no subqueries; it is evaluated when a
 row is written, as the writing role, so it must not depend on the time or on other tables. Returns the
-queue name. The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL;
+queue name. ORDER_BY names a column (time or integer) that claims follow, lowest first, within a
+priority (e.g. an SLO deadline); a change of it on a matching row moves the row in the order.
+The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL; 42703 no
+such order_by column; 0A000 order_by not a time or integer type;
 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
 already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
 over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner; 22023 bad queue
 option.$$;
 
 CREATE OR REPLACE FUNCTION lease._attach_register(
-    rel regclass, queue text, key_attnum smallint, pending text, max_attempts integer,
-    backoff_base interval, backoff_max interval, dead_retention interval, existing text[]
+    rel regclass, queue text, key_attnum smallint, order_attnum smallint, pending text, max_attempts integer,
+    backoff_base interval, backoff_max interval, dead_retention interval, existing text[], ranks bigint[]
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -987,11 +845,12 @@ BEGIN
     -- afresh (a new id, hence a new token) when it matches again.
     PERFORM lease.create_queue(queue, max_attempts, backoff_base, backoff_max, '0', dead_retention);
     UPDATE lease.queue q SET attached = true WHERE q.name = _attach_register.queue;
-    INSERT INTO lease.attachment (queue, rel, key_attnum, pending)
-    VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.pending);
-    INSERT INTO lease.job (queue, key, payload, next_at, created_at)
-    SELECT _attach_register.queue, k, '{}', clock_timestamp(), clock_timestamp()
-      FROM unnest(existing) AS k
+    INSERT INTO lease.attachment (queue, rel, key_attnum, order_attnum, pending)
+    VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.order_attnum,
+            _attach_register.pending);
+    INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
+    SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
+      FROM unnest(existing, ranks) AS u(k, r)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
     IF cardinality(existing) > 0 THEN
         PERFORM lease.wake(_attach_register.queue, cardinality(existing));
@@ -999,9 +858,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, text, integer, interval, interval, interval, text[]) IS
+COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, smallint, text, integer, interval, interval, interval, text[], bigint[]) IS
 $$Internal part of lease.attach that needs the extension owner's rights: creates the queue, records the
-attachment and makes the EXISTING keys claimable. Granted to lease_admin because lease.attach runs as
+attachment and makes the EXISTING keys claimable with their RANKS. Granted to lease_admin because lease.attach runs as
 its caller; refuses (42501) unless the calling role owns the table. Errors: 42710 the table is attached
 or the queue exists; 22023 bad queue option.$$;
 
@@ -1087,6 +946,185 @@ $$;
 
 COMMENT ON FUNCTION lease._forget_dropped_tables() IS
     'Internal event trigger function (sql_drop): forgets the attachments of dropped tables with their queues and rows.';
+
+CREATE OR REPLACE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    target record;
+BEGIN
+    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
+      FROM lease.job j
+      JOIN lease.attachment a ON a.queue = j.queue
+      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
+     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
+    IF FOUND THEN
+        -- The key type is one attach supports, so = and the cast are built in.
+        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
+          USING target.key;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
+    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
+
+CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    IF jsonb_typeof(patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE lease.job j
+       SET payload = j.payload || patch
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
+is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
+    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
+    -- and claimers skip or wait for it, so no new epoch can be issued before
+    -- the caller's own writes commit.
+    SELECT j.lease_until INTO until
+      FROM lease.job j
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
+            USING ERRCODE = 'LE001',
+                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
+                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
+current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+follow in the same transaction are ordered before any takeover. For a row of an attached table it first
+locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
+cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
+your tables.
+Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
+and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
+                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
+                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                    AND s.setrole = 0), 0);
+
+COMMENT ON FUNCTION lease._named_epoch_watermark() IS
+    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
+
+CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
+BEGIN
+    -- At ddl_command_start it is not known yet which extension goes; any
+    -- DROP EXTENSION records (rare, and harmless for the others).
+    IF highest > lease._named_epoch_watermark() THEN
+        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
+                       current_database(), highest);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._remember_named_epochs() IS
+    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
+
+CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+    d  constant interval := lease.checked_ttl(ttl);
+    f  constant bigint := lease.epoch_floor();
+    got bigint;
+BEGIN
+    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
+    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+        SET owner       = EXCLUDED.owner,
+            epoch       = greatest(n.epoch + 1, f),
+            lease_until = clock_timestamp() + d,
+            acquired_at = clock_timestamp()
+        -- Free, or held by this owner name (a restarted process): either way
+        -- the new epoch fences every earlier holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
+    RETURNING n.epoch INTO got;
+    RETURN got;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o constant text := lease.checked_owner(owner);
+BEGIN
+    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
+       OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
+        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
+            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH released AS (
+        UPDATE lease.named_lease n
+           SET lease_until = clock_timestamp()
+          FROM unnest(names, epochs) AS w(name, epoch)
+         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
+           AND n.lease_until > clock_timestamp()
+        RETURNING n.name, n.epoch
+    )
+    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
+      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
+names[i] goes with epochs[i]; returns (name, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+owner invalid.$$;
 
 CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
 RETURNS lease.renewal
@@ -1317,6 +1355,120 @@ Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or 
 unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
 not work it.$$;
 
+CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    f constant bigint := lease.epoch_floor();
+    r record;
+BEGIN
+    FOR r IN
+    WITH expired AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.state = 'leased' AND j.lease_until <= t
+           AND (only_queue IS NULL OR j.queue = only_queue)
+         ORDER BY j.lease_until
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    ), recovered AS (
+        -- An expiry is a retry that nobody reported: same accounting as
+        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
+        UPDATE lease.job j
+           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+                                  THEN t END,
+               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
+               epoch       = greatest(j.epoch + 1, f),
+               lease_until = NULL,
+               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
+          FROM lease.queue q
+         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
+           AND q.name = j.queue
+        RETURNING j.queue, j.state
+    ), counted AS (
+        SELECT r.queue,
+               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
+               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
+               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
+          FROM recovered r
+         GROUP BY r.queue
+    ), totals AS (
+        UPDATE lease.queue q
+           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
+          FROM counted c
+         WHERE q.name = c.queue
+    )
+    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
+    LOOP
+        queue := r.queue;
+        requeued := r.requeued;
+        dead := r.dead;
+        cancelled := r.cancelled;
+        -- Idle workers LISTENing on the channel wake up instead of polling;
+        -- at most one notification per queue and sweep.
+        IF requeued > 0 THEN
+            PERFORM pg_notify('pg_lease_ready', queue);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._reap(integer, text) IS
+    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
+
+CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM lease._reap(max_rows, NULL);
+END;
+
+-- Unchanged, but lost with the function dropped above.
+COMMENT ON FUNCTION lease.reap(integer) IS
+$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
+how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
+cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
+Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
+that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
+Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    removed bigint;
+BEGIN
+    WITH old AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
+         WHERE j.state IN ('done', 'dead', 'cancelled')
+           -- An attached table's finished rows go when their table row stops
+           -- matching; purging them earlier would leave that row unleased.
+           AND NOT q.attached
+           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
+         LIMIT n
+           FOR UPDATE OF j SKIP LOCKED
+    )
+    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.purge(integer) IS
+$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
+(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
 CREATE OR REPLACE FUNCTION lease.claim_pending(
     "limit" integer,
     ttl     interval,
@@ -1361,7 +1513,7 @@ BEGIN
          WHERE j.queue = q
            AND j.state = 'pending'
            AND j.next_at <= t
-         ORDER BY j.priority DESC, j.next_at, j.id
+         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT n
            FOR UPDATE SKIP LOCKED
     )
@@ -1387,7 +1539,7 @@ $$;
 COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
 $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
 token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
-in order of priority (highest first), next-eligible time, id; rows locked by others are skipped,
+in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
@@ -1445,91 +1597,6 @@ before any claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
 is restricted and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    target record;
-BEGIN
-    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
-      FROM lease.job j
-      JOIN lease.attachment a ON a.queue = j.queue
-      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
-     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
-    IF FOUND THEN
-        -- The key type is one attach supports, so = and the cast are built in.
-        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
-          USING target.key;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
-    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
-
-CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
-    IF jsonb_typeof(patch) <> 'object' THEN
-        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    UPDATE lease.job j
-       SET payload = j.payload || patch
-     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
-$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
-is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    until timestamptz;
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
-    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
-    -- and claimers skip or wait for it, so no new epoch can be issued before
-    -- the caller's own writes commit.
-    SELECT j.lease_until INTO until
-      FROM lease.job j
-     WHERE j.id = fence.id AND j.epoch = fence.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
-            USING ERRCODE = 'LE001',
-                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
-                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
-    END IF;
-    RETURN until;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
-$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
-current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
-follow in the same transaction are ordered before any takeover. For a row of an attached table it first
-locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
-cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
-your tables.
-Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
 COMMENT ON FUNCTION lease._qualified_predicate(oid, oid, text) IS
 $$Internal: the expression of the first column of VIEW, printed with every column of TABLE qualified by
 ALIAS (lease.attach turns a predicate into trigger WHEN clauses with it). Errors: 42809 not a view.$$;
@@ -1537,12 +1604,6 @@ ALIAS (lease.attach turns a predicate into trigger WHEN clauses with it). Errors
 COMMENT ON FUNCTION lease._reaper_discover() IS
 $$Internal: asks the preloaded reaper to look for pg_lease in this database now (the install script
 calls it); does nothing where pg_lease is not preloaded.$$;
-
-COMMENT ON FUNCTION lease._reaper_slot_shortages() IS
-    'Internal: sweeps the reaper could not start for want of a worker slot since the server started (NULL: not preloaded).';
-
-COMMENT ON FUNCTION lease._reaper_last_slot_shortage() IS
-    'Internal: Unix time of the last such shortage (NULL: never, or not preloaded).';
 
 CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
 RETURNS TABLE (recovered bigint, purged bigint)
@@ -1658,6 +1719,12 @@ COMMENT ON VIEW lease.reaper_stats IS
 $$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
 last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;
 
+COMMENT ON FUNCTION lease._reaper_slot_shortages() IS
+    'Internal: sweeps the reaper could not start for want of a worker slot since the server started (NULL: not preloaded).';
+
+COMMENT ON FUNCTION lease._reaper_last_slot_shortage() IS
+    'Internal: Unix time of the last such shortage (NULL: never, or not preloaded).';
+
 COMMENT ON FUNCTION lease._reaper_touch() IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
 have work for it (claims and cancels call it); does nothing where pg_lease is not preloaded.$$;
@@ -1677,7 +1744,7 @@ BEGIN
           FROM lease.attachment t
           JOIN pg_catalog.pg_attribute c ON c.attrelid = t.rel AND c.attnum = t.key_attnum
     LOOP
-        PERFORM lease._attach_triggers(a.rel, a.queue, a.pending, a.attname);
+        PERFORM lease._attach_triggers(a.rel, a.queue, a.pending, a.attname, NULL);
     END LOOP;
 END
 $$;
@@ -1705,8 +1772,11 @@ GRANT EXECUTE ON FUNCTION
     lease.revoke(text, regrole),
     lease.requeue(bigint),
     lease.reap(integer),
-    lease._attach_register(regclass, text, smallint, text, integer, interval, interval, interval, text[]),
-    lease._attach_triggers(regclass, text, text, name),
+    lease.attach(regclass, text, text, integer, interval, interval, interval, name),
+    lease._attach_register(regclass, text, smallint, smallint, text, integer, interval, interval, interval,
+                           text[], bigint[]),
+    lease._attach_triggers(regclass, text, text, name, name),
+    lease._rank_sql(oid, smallint, text),
     lease._detach_unregister(regclass),
     lease._attached_row_changed(),
     lease._qualified_predicate(oid, oid, text)

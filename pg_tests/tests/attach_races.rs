@@ -291,3 +291,54 @@ async fn a_heartbeat_and_a_consumer_never_deadlock() {
         );
     }
 }
+
+/// Domain-driven order: a batch processor claims items by SLO deadline (to
+/// the microsecond), set at attach for existing rows, on insert for new
+/// ones, and moved when a pending item's deadline changes. On main at
+/// 3729e87 attach had no order_by and claims followed insertion order.
+#[tokio::test]
+async fn claims_follow_the_order_by_column() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "CREATE TABLE slo_items (id int PRIMARY KEY, status text, deadline timestamptz, note text);
+         INSERT INTO slo_items VALUES
+             (1, 'todo', '2030-01-01 00:00:00.000003+00', 'x'),
+             (2, 'todo', '2030-01-01 00:00:00.000001+00', 'x');
+         SELECT lease.attach('slo_items', $$status = 'todo'$$, order_by => 'deadline');
+         INSERT INTO slo_items VALUES
+             (3, 'todo', '2030-01-01 00:00:00.000002+00', 'x'),
+             (4, 'todo', '2029-12-31 00:00:00+00', 'x');
+         UPDATE slo_items SET deadline = '2029-01-01' WHERE id = 1;
+         UPDATE slo_items SET note = 'unrelated' WHERE id = 2;",
+    )
+    .await
+    .expect("attach with order_by");
+    let order: String = scalar(
+        &pg,
+        "SELECT string_agg(key, ',') FROM (
+             SELECT (lease.claim_pending(1, '1 minute', 'w', 'slo_items')).key
+               FROM generate_series(1, 4)) AS c",
+    )
+    .await;
+    assert_eq!(
+        order, "1,4,2,3",
+        "earliest deadline first, microseconds apart"
+    );
+    for (sql, code) in [
+        (
+            "SELECT lease.attach('slo_items2', 'true', order_by => 'nope')",
+            "42703",
+        ),
+        (
+            "SELECT lease.attach('slo_items2', 'true', order_by => 'note')",
+            "0A000",
+        ),
+    ] {
+        pg.batch_execute("CREATE TABLE IF NOT EXISTS slo_items2 (id int PRIMARY KEY, note text)")
+            .await
+            .expect("table");
+        let err = pg.batch_execute(sql).await.expect_err(sql);
+        assert_eq!(sqlstate(&err).as_deref(), Some(code), "{sql}");
+    }
+}
