@@ -27,7 +27,10 @@ BEGIN
         PERFORM lease.checked_owner(o), lease.checked_ttl(d),
                 lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
     END IF;
-    PERFORM lease._check_rows(ARRAY[id], '{work}');
+    -- Inline, not a call of lease._check_rows: this runs on every renewal.
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        PERFORM lease._check_rows(ARRAY[id], '{work}');
+    END IF;
     UPDATE lease.job j
        SET lease_until = clock_timestamp() + d
      WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
@@ -167,7 +170,9 @@ BEGIN
     IF NOT lease.valid_time(retry_at) THEN
         PERFORM lease.checked_time(retry_at, 'retry_at');
     END IF;
-    PERFORM lease._check_rows(ARRAY[id], '{work}');
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        PERFORM lease._check_rows(ARRAY[id], '{work}');
+    END IF;
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
@@ -227,8 +232,10 @@ DECLARE
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at'),
-            lease._check_rows(ids, '{work}');
+    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        PERFORM lease._check_rows(ids, '{work}');
+    END IF;
     IF oc = 'done' THEN
         WITH deleted AS (
             DELETE FROM lease.job j
