@@ -85,7 +85,8 @@ pub struct WorkerConfig {
     /// [`Connector`](crate::Connector).
     pub listen: bool,
     /// After shutdown is requested, how long in-flight handlers may run
-    /// before they are dropped and their rows abandoned. Default 30 s.
+    /// before they are dropped and their rows abandoned. Default 30 s, and
+    /// the ttl after [`with_ttl`](WorkerConfig::with_ttl).
     pub grace_period: Duration,
     /// On start, take back (under new epochs) the rows this `owner` still
     /// holds from an earlier run, before claiming anything else
@@ -116,12 +117,14 @@ impl WorkerConfig {
     }
 
     /// Sets `ttl`, and `renew_every` = ttl / 3, `margin` and
-    /// `request_timeout` = ttl / 6, the proportions of the defaults.
+    /// `request_timeout` = ttl / 6, `grace_period` = ttl: the proportions of
+    /// the defaults. Set `grace_period` after this call to choose another.
     pub fn with_ttl(mut self, ttl: Duration) -> WorkerConfig {
         self.ttl = ttl;
         self.renew_every = ttl / 3;
         self.margin = ttl / 6;
         self.request_timeout = ttl / 6;
+        self.grace_period = ttl;
         self
     }
 
@@ -1095,6 +1098,8 @@ mod tests {
         let c = WorkerConfig::new("q").with_ttl(Duration::from_secs(3));
         assert_eq!(c.renew_every, Duration::from_secs(1));
         assert_eq!(c.margin, Duration::from_millis(500));
+        // Failed on 3729e87: the grace period stayed 30 s whatever the ttl.
+        assert_eq!(c.grace_period, Duration::from_secs(3));
         assert!(c.validate().is_ok());
         let mut bad = c.clone();
         bad.margin = bad.ttl;
