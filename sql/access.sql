@@ -46,7 +46,7 @@ BEGIN
               AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
               AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
     THEN
-        RAISE EXCEPTION 'role "%" may not % queue "%"', who, array_to_string(rights, ' or '), queue
+        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'An admin grants it with lease.grant(queue, role).';
     END IF;

@@ -139,6 +139,11 @@ enum Q {
     QueueStats,
     InFlight,
     Holders,
+    CancelKey,
+    Requeue,
+    ReleaseNamedMany,
+    Grant,
+    Revoke,
     DeadLetters,
 }
 
@@ -270,6 +275,13 @@ impl Q {
                 as_micros!("remaining"),
                 " FROM lease.holders ORDER BY name"
             ),
+            Q::CancelKey => "SELECT lease.cancel_key($1::text, $2::text)",
+            Q::Requeue => "SELECT lease.requeue($1::bigint)",
+            Q::ReleaseNamedMany => {
+                "SELECT name, released FROM lease.release_named($1::text[], $2::text, $3::bigint[])"
+            }
+            Q::Grant => "SELECT lease.grant($1::text, $2::text::regrole, $3::boolean, $4::boolean)",
+            Q::Revoke => "SELECT lease.revoke($1::text, $2::text::regrole)",
             Q::DeadLetters => concat!(
                 "SELECT id, queue, key, payload, attempt, last_error, finished_at ",
                 "FROM lease.dead_letters WHERE $1::text IS NULL OR queue = $1::text ",
@@ -505,12 +517,51 @@ impl Client {
                 col(&row, 0)
             })
             .await?;
-        Ok(match state.as_deref() {
-            None => CancelResult::NotFound,
-            Some("cancelled") => CancelResult::Cancelled,
-            Some("cancel_requested") => CancelResult::CancelRequested,
-            Some(other) => CancelResult::AlreadyFinished(other.parse::<JobState>()?),
+        cancel_result(state)
+    }
+
+    /// `lease.cancel_key`: [`cancel`](Client::cancel) for the row of
+    /// `queue` with `key` (an attached table's row: its primary key as
+    /// text), when the id is not known.
+    pub async fn cancel_key(&self, queue: &str, key: &str) -> Result<CancelResult> {
+        let state: Option<String> = self
+            .call(|c| async move {
+                let row = c.query_one(Q::CancelKey, &[&queue, &key]).await?;
+                col(&row, 0)
+            })
+            .await?;
+        cancel_result(state)
+    }
+
+    /// `lease.requeue`: a dead letter back to pending, claimable now, its
+    /// attempts reset. `false` if the row is not dead. Needs `lease_admin`.
+    pub async fn requeue(&self, id: i64) -> Result<bool> {
+        self.call(|c| async move {
+            let row = c.query_one(Q::Requeue, &[&id]).await?;
+            col(&row, 0)
         })
+        .await
+    }
+
+    /// `lease.grant`: gives `role` the right to work `queue` and/or to
+    /// produce into it; the first grant restricts the queue to its grantees
+    /// and `lease_admin`. Needs `lease_admin`.
+    pub async fn grant(&self, queue: &str, role: &str, work: bool, produce: bool) -> Result<()> {
+        self.call(|c| async move {
+            c.query(Q::Grant, &[&queue, &role, &work, &produce]).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// `lease.revoke`: removes `role`'s grant on `queue` (which stays
+    /// restricted); whether there was one. Needs `lease_admin`.
+    pub async fn revoke(&self, queue: &str, role: &str) -> Result<bool> {
+        self.call(|c| async move {
+            let row = c.query_one(Q::Revoke, &[&queue, &role]).await?;
+            col(&row, 0)
+        })
+        .await
     }
 
     // ---- leases on queue rows ----------------------------------------
@@ -818,6 +869,25 @@ impl Client {
         }
     }
 
+    /// `lease.release_named` for many `(name, epoch)` holds of `owner` in
+    /// one statement; returns `(name, released)` per hold, in order
+    /// (`false`: that hold was already lost).
+    pub async fn release_named_many(
+        &self,
+        owner: &str,
+        holds: &[(&str, i64)],
+    ) -> Result<Vec<(String, bool)>> {
+        let names: Vec<&str> = holds.iter().map(|(name, _)| *name).collect();
+        let epochs: Vec<i64> = holds.iter().map(|(_, epoch)| *epoch).collect();
+        self.call(|c| async move {
+            let rows = c
+                .query(Q::ReleaseNamedMany, &[&names, &owner, &epochs])
+                .await?;
+            rows.iter().map(|r| Ok((col(r, 0)?, col(r, 1)?))).collect()
+        })
+        .await
+    }
+
     // ---- housekeeping -------------------------------------------------
 
     /// `lease.reap`: recovers up to `max_rows` expired leases (new epoch,
@@ -1004,6 +1074,16 @@ pub async fn fence_named<C: GenericClient + Sync>(
 fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
     row.try_get(i)
         .map_err(|e| Error::Protocol(format!("column {i}: {e}")))
+}
+
+/// What `lease.cancel` and `lease.cancel_key` answered.
+fn cancel_result(state: Option<String>) -> Result<CancelResult> {
+    Ok(match state.as_deref() {
+        None => CancelResult::NotFound,
+        Some("cancelled") => CancelResult::Cancelled,
+        Some("cancel_requested") => CancelResult::CancelRequested,
+        Some(other) => CancelResult::AlreadyFinished(other.parse::<JobState>()?),
+    })
 }
 
 fn renewal_from_row(row: &Row) -> Result<Renewal> {

@@ -208,6 +208,214 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
+CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    f constant bigint := lease.epoch_floor();
+    r record;
+BEGIN
+    FOR r IN
+    WITH expired AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.state = 'leased' AND j.lease_until <= t
+           AND (only_queue IS NULL OR j.queue = only_queue)
+         ORDER BY j.lease_until
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    ), recovered AS (
+        -- An expiry is a retry that nobody reported: same accounting as
+        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
+        UPDATE lease.job j
+           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+                                  THEN t END,
+               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
+               epoch       = greatest(j.epoch + 1, f),
+               lease_until = NULL,
+               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
+          FROM lease.queue q
+         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
+           AND q.name = j.queue
+        RETURNING j.queue, j.state
+    ), counted AS (
+        SELECT r.queue,
+               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
+               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
+               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
+          FROM recovered r
+         GROUP BY r.queue
+    ), totals AS (
+        UPDATE lease.queue q
+           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
+          FROM counted c
+         WHERE q.name = c.queue
+    )
+    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
+    LOOP
+        queue := r.queue;
+        requeued := r.requeued;
+        dead := r.dead;
+        cancelled := r.cancelled;
+        -- Idle workers LISTENing on the channel wake up instead of polling;
+        -- at most one notification per queue and sweep.
+        IF requeued > 0 THEN
+            PERFORM pg_notify('pg_lease_ready', queue);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._reap(integer, text) IS
+    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
+
+CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM lease._reap(max_rows, NULL);
+END;
+
+-- Unchanged, but lost with the function dropped above.
+COMMENT ON FUNCTION lease.reap(integer) IS
+$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
+how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
+cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
+Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
+that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
+Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    removed bigint;
+BEGIN
+    WITH old AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
+         WHERE j.state IN ('done', 'dead', 'cancelled')
+           -- An attached table's finished rows go when their table row stops
+           -- matching; purging them earlier would leave that row unleased.
+           AND NOT q.attached
+           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
+         LIMIT n
+           FOR UPDATE OF j SKIP LOCKED
+    )
+    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.purge(integer) IS
+$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
+(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
+                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
+                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                    AND s.setrole = 0), 0);
+
+COMMENT ON FUNCTION lease._named_epoch_watermark() IS
+    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
+
+CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
+BEGIN
+    -- At ddl_command_start it is not known yet which extension goes; any
+    -- DROP EXTENSION records (rare, and harmless for the others).
+    IF highest > lease._named_epoch_watermark() THEN
+        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
+                       current_database(), highest);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._remember_named_epochs() IS
+    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
+
+CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+    d  constant interval := lease.checked_ttl(ttl);
+    f  constant bigint := lease.epoch_floor();
+    got bigint;
+BEGIN
+    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
+    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+        SET owner       = EXCLUDED.owner,
+            epoch       = greatest(n.epoch + 1, f),
+            lease_until = clock_timestamp() + d,
+            acquired_at = clock_timestamp()
+        -- Free, or held by this owner name (a restarted process): either way
+        -- the new epoch fences every earlier holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
+    RETURNING n.epoch INTO got;
+    RETURN got;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o constant text := lease.checked_owner(owner);
+BEGIN
+    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
+       OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
+        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
+            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH released AS (
+        UPDATE lease.named_lease n
+           SET lease_until = clock_timestamp()
+          FROM unnest(names, epochs) AS w(name, epoch)
+         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
+           AND n.lease_until > clock_timestamp()
+        RETURNING n.name, n.epoch
+    )
+    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
+      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
+names[i] goes with epochs[i]; returns (name, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+owner invalid.$$;
+
 CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
@@ -230,7 +438,7 @@ BEGIN
               AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
               AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
     THEN
-        RAISE EXCEPTION 'role "%" may not % queue "%"', who, array_to_string(rights, ' or '), queue
+        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'An admin grants it with lease.grant(queue, role).';
     END IF;
@@ -383,291 +591,6 @@ cannot deadlock with a concurrent cancel or acknowledgement of the same row. Cal
 your tables.
 Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
 and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.create_queue(
-    name           text,
-    max_attempts   integer  DEFAULT 25,
-    backoff_base   interval DEFAULT '1 second',
-    backoff_max    interval DEFAULT '1 hour',
-    retention      interval DEFAULT '0',
-    dead_retention interval DEFAULT '7 days'
-) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM lease.checked_not_null(name, 'name');
-    IF name = '' OR length(name) > 128 THEN
-        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
-        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- By value (see lease.valid_span): what these add to a timestamp must
-    -- stay far from overflow, whatever units they were written in.
-    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
-            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
-            lease.checked_span(retention, interval '36500 days', 'retention'),
-            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
-    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
-        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
-    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
-    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
-        SET max_attempts   = EXCLUDED.max_attempts,
-            backoff_base   = EXCLUDED.backoff_base,
-            backoff_max    = EXCLUDED.backoff_max,
-            retention      = EXCLUDED.retention,
-            dead_retention = EXCLUDED.dead_retention;
-END
-$$;
-
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
-$$Creates queue NAME, or updates the policy of an existing one.
-max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
-backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
-retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
-Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
-Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
-
-CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    removed bigint;
-BEGIN
-    PERFORM lease.checked_queue(name);
-    -- Lock the queue row first: enqueue's foreign key check waits on it, so no
-    -- row can slip in between the check below and the delete.
-    IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
-        RAISE EXCEPTION 'queue "%" belongs to an attached table', name
-            USING ERRCODE = 'object_in_use', HINT = 'Use lease.detach(table).';
-    END IF;
-    IF NOT coalesce(force, false) AND EXISTS (
-        SELECT FROM lease.job j
-         WHERE j.queue = drop_queue.name AND j.state IN ('pending', 'leased'))
-    THEN
-        RAISE EXCEPTION 'queue "%" still has pending or leased rows', name
-            USING ERRCODE = 'object_in_use',
-                  HINT = 'Pass force => true to delete them with the queue.';
-    END IF;
-    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
-    RETURN removed;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
-LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    q lease.queue;
-BEGIN
-    SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
-    IF NOT FOUND THEN
-        PERFORM lease.checked_queue(queue);
-    END IF;
-    IF q.attached THEN
-        -- Its rows are the table's rows that match the predicate; a row
-        -- enqueued by key would hand out one that does not.
-        RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
-            USING ERRCODE = 'wrong_object_type',
-                  HINT = 'Insert or update rows of the table so that they match its pending predicate.';
-    END IF;
-    IF q.restricted THEN
-        PERFORM lease._check_access(queue, '{produce}');
-    END IF;
-    RETURN queue;
-END
-$$;
-
-COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
-    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
-
-CREATE OR REPLACE FUNCTION lease.enqueue(
-    queue    text,
-    payload  jsonb,
-    key      text        DEFAULT NULL,
-    run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
-) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
--- ON CONFLICT (queue, key) names columns, not this function's arguments.
-#variable_conflict use_column
-DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
-    p  constant jsonb := lease.checked_not_null(payload, 'payload');
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
-    t  constant timestamptz := clock_timestamp();
-    new_id bigint;
-BEGIN
-    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
-    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
-    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
-    RETURNING j.id INTO new_id;
-    IF new_id IS NULL THEN
-        -- Same (queue, key) already there: hand back its id, change nothing.
-        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
-    ELSIF coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, 1);
-    END IF;
-    RETURN new_id;
-END
-$$;
-
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
-$$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
-Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
-returns the existing row's id and changes nothing (for as long as that row is retained).
-A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
-Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
-fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
-not produce into it; 22P02 payload is not valid JSON.$$;
-
-CREATE OR REPLACE FUNCTION lease.enqueue_batch(
-    queue    text,
-    payloads jsonb[],
-    keys     text[]      DEFAULT NULL,
-    run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
-) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
--- ON CONFLICT (queue, key) names columns, not this function's arguments.
-#variable_conflict use_column
-DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
-    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
-    t  constant timestamptz := clock_timestamp();
-    ids bigint[];
-BEGIN
-    IF keys IS NOT NULL AND cardinality(keys) <> n THEN
-        RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF n > 100000 THEN
-        RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF array_position(payloads, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-
-    -- Ids are drawn up front so that the result can be returned in input
-    -- order, including for rows without a key.
-    ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
-    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
-    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
-      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
-     ORDER BY u.ord
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-    IF n > 0 AND coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, n);
-    END IF;
-
-    -- A new statement sees the rows just inserted, so keys that collided (with
-    -- an older row or earlier in this batch) resolve to the row that won.
-    RETURN QUERY
-    SELECT CASE WHEN u.k IS NULL THEN u.id
-                ELSE (SELECT j.id FROM lease.job j WHERE j.queue = q AND j.key = u.k) END
-      FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, ord)
-     ORDER BY u.ord;
-END
-$$;
-
-COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
-$$Adds many rows to QUEUE in one statement and returns their ids in input order.
-keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
-infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
-
-CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    result text;
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
-    UPDATE lease.job j
-       SET cancel_requested = true,
-           state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
-     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
-    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
-      INTO result;
-    IF result IS NULL THEN
-        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
-    ELSE
-        -- A cancelled row is purged after dead_retention: work for the reaper.
-        PERFORM lease._reaper_touch();
-    END IF;
-    RETURN result;
-END
-$$;
-
-COMMENT ON FUNCTION lease.cancel(bigint) IS
-$$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
-but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
-expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
-returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    target bigint;
-BEGIN
-    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
-    SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
-    IF target IS NULL THEN
-        RETURN NULL;
-    END IF;
-    RETURN lease.cancel(target);
-END
-$$;
-
-COMMENT ON FUNCTION lease.cancel_key(text, text) IS
-$$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
-that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
-Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
-
-CREATE OR REPLACE FUNCTION lease.requeue(id bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id');
-    -- A fresh start: attempts from zero, claimable now. The epoch stays, so
-    -- the next claim still issues a greater one.
-    UPDATE lease.job j
-       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
-           cancel_requested = false, owner = NULL, lease_until = NULL
-     WHERE j.id = requeue.id AND j.state = 'dead';
-    IF FOUND THEN
-        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
-    END IF;
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.requeue(bigint) IS
-$$Puts dead letter ID back to pending, claimable now, with its attempts reset (last_error is kept). Returns
-false and changes nothing unless the row is dead. For any queue, attached tables' included. Errors: 22004 id
-NULL.$$;
 
 CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
 RETURNS lease.renewal
@@ -1036,213 +959,290 @@ before any claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
 is restricted and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
-RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE plpgsql VOLATILE
+CREATE OR REPLACE FUNCTION lease.create_queue(
+    name           text,
+    max_attempts   integer  DEFAULT 25,
+    backoff_base   interval DEFAULT '1 second',
+    backoff_max    interval DEFAULT '1 hour',
+    retention      interval DEFAULT '0',
+    dead_retention interval DEFAULT '7 days'
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
-DECLARE
-    n constant integer := lease.checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
-    f constant bigint := lease.epoch_floor();
-    r record;
 BEGIN
-    FOR r IN
-    WITH expired AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.state = 'leased' AND j.lease_until <= t
-           AND (only_queue IS NULL OR j.queue = only_queue)
-         ORDER BY j.lease_until
-         LIMIT n
-           FOR UPDATE SKIP LOCKED
-    ), recovered AS (
-        -- An expiry is a retry that nobody reported: same accounting as
-        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
-        UPDATE lease.job j
-           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                                  THEN t END,
-               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
-               epoch       = greatest(j.epoch + 1, f),
-               lease_until = NULL,
-               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
-          FROM lease.queue q
-         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
-           AND q.name = j.queue
-        RETURNING j.queue, j.state
-    ), counted AS (
-        SELECT r.queue,
-               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
-               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
-               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
-          FROM recovered r
-         GROUP BY r.queue
-    ), totals AS (
-        UPDATE lease.queue q
-           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
-          FROM counted c
-         WHERE q.name = c.queue
-    )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
-    LOOP
-        queue := r.queue;
-        requeued := r.requeued;
-        dead := r.dead;
-        cancelled := r.cancelled;
-        -- Idle workers LISTENing on the channel wake up instead of polling;
-        -- at most one notification per queue and sweep.
-        IF requeued > 0 THEN
-            PERFORM pg_notify('pg_lease_ready', queue);
-        END IF;
-        RETURN NEXT;
-    END LOOP;
+    PERFORM lease.checked_not_null(name, 'name');
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- By value (see lease.valid_span): what these add to a timestamp must
+    -- stay far from overflow, whatever units they were written in.
+    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
+            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
+            lease.checked_span(retention, interval '36500 days', 'retention'),
+            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
+        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Create or reconfigure: every replica can call this at start-up.
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
+    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
+    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
+        SET max_attempts   = EXCLUDED.max_attempts,
+            backoff_base   = EXCLUDED.backoff_base,
+            backoff_max    = EXCLUDED.backoff_max,
+            retention      = EXCLUDED.retention,
+            dead_retention = EXCLUDED.dead_retention;
 END
 $$;
 
-COMMENT ON FUNCTION lease._reap(integer, text) IS
-    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
+$$Creates queue NAME, or updates the policy of an existing one.
+max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
+backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
+retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
+Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
+Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
-CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
-RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT * FROM lease._reap(max_rows, NULL);
-END;
-
--- Unchanged, but lost with the function dropped above.
-COMMENT ON FUNCTION lease.reap(integer) IS
-$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
-how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
-cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
-Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
-that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
-Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
-
-CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
+CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
     removed bigint;
 BEGIN
-    WITH old AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
-         WHERE j.state IN ('done', 'dead', 'cancelled')
-           -- An attached table's finished rows go when their table row stops
-           -- matching; purging them earlier would leave that row unleased.
-           AND NOT q.attached
-           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
-         LIMIT n
-           FOR UPDATE OF j SKIP LOCKED
-    )
-    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
+    PERFORM lease.checked_queue(name);
+    -- Lock the queue row first: enqueue's foreign key check waits on it, so no
+    -- row can slip in between the check below and the delete.
+    IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
+        RAISE EXCEPTION 'queue "%" belongs to an attached table', name
+            USING ERRCODE = 'object_in_use', HINT = 'Use lease.detach(table).';
+    END IF;
+    IF NOT coalesce(force, false) AND EXISTS (
+        SELECT FROM lease.job j
+         WHERE j.queue = drop_queue.name AND j.state IN ('pending', 'leased'))
+    THEN
+        RAISE EXCEPTION 'queue "%" still has pending or leased rows', name
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Pass force => true to delete them with the queue.';
+    END IF;
+    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
     RETURN removed;
 END
 $$;
 
-COMMENT ON FUNCTION lease.purge(integer) IS
-$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
-(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
-
-CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
-LANGUAGE sql STABLE
-RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
-                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
-                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                    AND s.setrole = 0), 0);
-
-COMMENT ON FUNCTION lease._named_epoch_watermark() IS
-    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
-
-CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
+    q lease.queue;
 BEGIN
-    -- At ddl_command_start it is not known yet which extension goes; any
-    -- DROP EXTENSION records (rare, and harmless for the others).
-    IF highest > lease._named_epoch_watermark() THEN
-        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
-                       current_database(), highest);
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
+    IF NOT FOUND THEN
+        PERFORM lease.checked_queue(queue);
     END IF;
+    IF q.attached THEN
+        -- Its rows are the table's rows that match the predicate; a row
+        -- enqueued by key would hand out one that does not.
+        RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Insert or update rows of the table so that they match its pending predicate.';
+    END IF;
+    IF q.restricted THEN
+        PERFORM lease._check_access(queue, '{produce}');
+    END IF;
+    RETURN queue;
 END
 $$;
 
-COMMENT ON FUNCTION lease._remember_named_epochs() IS
-    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
+COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
+    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
 
-CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
+CREATE OR REPLACE FUNCTION lease.enqueue(
+    queue    text,
+    payload  jsonb,
+    key      text        DEFAULT NULL,
+    run_at   timestamptz DEFAULT NULL,
+    priority integer     DEFAULT 0
+) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+-- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
-    f  constant bigint := lease.epoch_floor();
-    got bigint;
+    q  constant text := lease._checked_producer_queue(queue);
+    p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    t  constant timestamptz := clock_timestamp();
+    new_id bigint;
 BEGIN
-    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
-    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
-    ON CONFLICT (name) DO UPDATE
-        SET owner       = EXCLUDED.owner,
-            epoch       = greatest(n.epoch + 1, f),
-            lease_until = clock_timestamp() + d,
-            acquired_at = clock_timestamp()
-        -- Free, or held by this owner name (a restarted process): either way
-        -- the new epoch fences every earlier holder.
-        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
-    RETURNING n.epoch INTO got;
-    RETURN got;
+    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
+    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        -- Same (queue, key) already there: hand back its id, change nothing.
+        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
+    ELSIF coalesce(r, t) <= t THEN
+        PERFORM lease.wake(q, 1);
+    END IF;
+    RETURN new_id;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
-RETURNS TABLE (name text, released boolean)
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
+$$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
+Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
+returns the existing row's id and changes nothing (for as long as that row is retained).
+A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
+Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
+fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
+not produce into it; 22P02 payload is not valid JSON.$$;
+
+CREATE OR REPLACE FUNCTION lease.enqueue_batch(
+    queue    text,
+    payloads jsonb[],
+    keys     text[]      DEFAULT NULL,
+    run_at   timestamptz DEFAULT NULL,
+    priority integer     DEFAULT 0
+) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+-- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    o constant text := lease.checked_owner(owner);
+    q  constant text := lease._checked_producer_queue(queue);
+    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    t  constant timestamptz := clock_timestamp();
+    ids bigint[];
 BEGIN
-    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
-       OR array_position(epochs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    IF keys IS NOT NULL AND cardinality(keys) <> n THEN
+        RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
-        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
-            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
+    IF n > 100000 THEN
+        RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF array_position(payloads, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    -- Ids are drawn up front so that the result can be returned in input
+    -- order, including for rows without a key.
+    ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
+    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
+    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
+      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
+     ORDER BY u.ord
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    IF n > 0 AND coalesce(r, t) <= t THEN
+        PERFORM lease.wake(q, n);
+    END IF;
+
+    -- A new statement sees the rows just inserted, so keys that collided (with
+    -- an older row or earlier in this batch) resolve to the row that won.
     RETURN QUERY
-    WITH released AS (
-        UPDATE lease.named_lease n
-           SET lease_until = clock_timestamp()
-          FROM unnest(names, epochs) AS w(name, epoch)
-         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
-           AND n.lease_until > clock_timestamp()
-        RETURNING n.name, n.epoch
-    )
-    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
-      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
-     ORDER BY w.ord;
+    SELECT CASE WHEN u.k IS NULL THEN u.id
+                ELSE (SELECT j.id FROM lease.job j WHERE j.queue = q AND j.key = u.k) END
+      FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, ord)
+     ORDER BY u.ord;
 END
 $$;
 
-COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
-$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
-names[i] goes with epochs[i]; returns (name, released) per element in input order.
-Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
-owner invalid.$$;
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
+$$Adds many rows to QUEUE in one statement and returns their ids in input order.
+keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
+infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
+
+CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    result text;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
+    UPDATE lease.job j
+       SET cancel_requested = true,
+           state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
+     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
+      INTO result;
+    IF result IS NULL THEN
+        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+    ELSE
+        -- A cancelled row is purged after dead_retention: work for the reaper.
+        PERFORM lease._reaper_touch();
+    END IF;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION lease.cancel(bigint) IS
+$$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
+but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
+expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
+returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
+queue is restricted and the caller may neither produce into nor work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    target bigint;
+BEGIN
+    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
+    SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
+    IF target IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN lease.cancel(target);
+END
+$$;
+
+COMMENT ON FUNCTION lease.cancel_key(text, text) IS
+$$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
+that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
+Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
+
+CREATE OR REPLACE FUNCTION lease.requeue(id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id');
+    -- A fresh start: attempts from zero, claimable now. The epoch stays, so
+    -- the next claim still issues a greater one.
+    UPDATE lease.job j
+       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
+           cancel_requested = false, owner = NULL, lease_until = NULL
+     WHERE j.id = requeue.id AND j.state = 'dead';
+    IF FOUND THEN
+        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
+    END IF;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.requeue(bigint) IS
+$$Puts dead letter ID back to pending, claimable now, with its attempts reset (last_error is kept). Returns
+false and changes nothing unless the row is dead. For any queue, attached tables' included. Errors: 22004 id
+NULL.$$;
 
 CREATE OR REPLACE FUNCTION lease._attached_key_column(queue text, rel oid) RETURNS name
 LANGUAGE sql STABLE

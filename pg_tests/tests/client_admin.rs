@@ -1,0 +1,114 @@
+//! The client's wrappers of what 0.2.0 added to the SQL surface: per-queue
+//! grants, cancel by key, requeue of dead letters, releasing many named
+//! leases at once, and the typed errors of the new refusals.
+
+use std::time::Duration;
+
+use pg_lease_client::{CancelResult, Client, Error, Outcome, QueueOptions};
+use pg_tests::{Cluster, TEST_DB};
+use serde_json::json;
+
+fn conn(cluster: &Cluster, user: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={user} dbname={TEST_DB}",
+        cluster.port()
+    )
+}
+
+#[tokio::test]
+async fn grants_keys_requeue_and_named_batches_through_the_client() {
+    let cluster = Cluster::start();
+    cluster.psql(
+        TEST_DB,
+        "CREATE ROLE ops LOGIN IN ROLE lease_admin; CREATE ROLE w LOGIN IN ROLE lease_worker;
+         CREATE TABLE items (id int PRIMARY KEY, status text);
+         SELECT lease.attach('items', $$status = 'todo'$$);",
+    );
+    let admin = Client::connect(&conn(&cluster, "ops"))
+        .await
+        .expect("admin");
+    let worker = Client::connect(&conn(&cluster, "w")).await.expect("worker");
+    admin
+        .create_queue("jobs", &QueueOptions::default())
+        .await
+        .expect("queue");
+
+    // A restricted queue refuses the worker until it is granted.
+    admin.grant("jobs", "ops", true, true).await.expect("grant");
+    let refused = worker
+        .enqueue("jobs", &json!({}))
+        .await
+        .expect_err("restricted");
+    assert!(matches!(refused, Error::PermissionDenied(_)), "{refused:?}");
+    admin.grant("jobs", "w", true, true).await.expect("grant w");
+    let id = worker.enqueue("jobs", &json!({})).await.expect("granted");
+    assert!(admin.revoke("jobs", "w").await.expect("revoke"));
+    assert!(!admin.revoke("jobs", "w").await.expect("revoke again"));
+    let unknown = admin
+        .grant("jobs", "nobody", true, true)
+        .await
+        .expect_err("no such role");
+    assert!(unknown.is_invalid_input(), "{unknown:?}");
+
+    // Enqueue into an attached table's queue is bad input (42809).
+    let attached = admin
+        .enqueue("items", &json!({}))
+        .await
+        .expect_err("attached");
+    assert!(attached.is_invalid_input(), "{attached:?}");
+
+    // Cancel by key, and requeue of a dead letter.
+    cluster.psql(TEST_DB, "INSERT INTO items VALUES (1, 'todo'), (2, 'todo')");
+    assert_eq!(
+        worker.cancel_key("items", "1").await.expect("cancel"),
+        CancelResult::Cancelled
+    );
+    assert_eq!(
+        worker.cancel_key("items", "9").await.expect("cancel"),
+        CancelResult::NotFound
+    );
+    let claimed = admin
+        .claim("jobs", 1, Duration::from_secs(60), "a")
+        .await
+        .expect("claim");
+    let job = claimed.first().expect("one");
+    assert_eq!(job.lease.id(), id);
+    admin
+        .release(&job.lease, &Outcome::fail("gave up"))
+        .await
+        .expect("fail");
+    assert!(admin.requeue(id).await.expect("requeue"));
+    assert!(!admin.requeue(id).await.expect("not dead any more"));
+    assert_eq!(
+        admin
+            .claim("jobs", 1, Duration::from_secs(60), "b")
+            .await
+            .expect("claim")
+            .len(),
+        1
+    );
+
+    // Named leases released in one call.
+    let e1 = worker
+        .try_acquire("l1", "hk", Duration::from_secs(60))
+        .await
+        .expect("l1")
+        .expect("held");
+    let e2 = worker
+        .try_acquire("l2", "hk", Duration::from_secs(60))
+        .await
+        .expect("l2")
+        .expect("held");
+    let released = worker
+        .release_named_many("hk", &[("l1", e1), ("l2", e2), ("l1", e1 - 1)])
+        .await
+        .expect("release many");
+    assert_eq!(
+        released,
+        vec![
+            ("l1".to_owned(), true),
+            ("l2".to_owned(), true),
+            ("l1".to_owned(), false)
+        ]
+    );
+}
