@@ -353,12 +353,19 @@ impl Client {
     }
 
     /// A client with the same connector but its own connection (for
-    /// heartbeats that must not queue behind other work); a plain clone when
-    /// there is no connector.
-    pub(crate) fn separate(&self) -> Client {
-        match &self.inner.connector {
-            Some(connector) => Client::with_connector(connector.clone()).with_timeout(self.timeout),
-            None => self.clone(),
+    /// heartbeats that must not queue behind other work), tagged with
+    /// `application_name` if given; a plain clone when there is no
+    /// connector.
+    pub(crate) fn separate(&self, application_name: Option<&str>) -> Client {
+        match (&self.inner.connector, application_name) {
+            (Some(connector), Some(name)) => {
+                Client::with_connector(connector.with_application_name(name))
+                    .with_timeout(self.timeout)
+            }
+            (Some(connector), None) => {
+                Client::with_connector(connector.clone()).with_timeout(self.timeout)
+            }
+            (None, _) => self.clone(),
         }
     }
 

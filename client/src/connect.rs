@@ -113,6 +113,35 @@ impl Connector {
         Ok(Connector::new(config, tokio_postgres::NoTls))
     }
 
+    /// The same connector, tagging every connection it opens with
+    /// `application_name` (seen in `pg_stat_activity` and the server log).
+    /// A session setting, so not for connections through a transaction-mode
+    /// pooler, which would hand it to other clients' transactions.
+    pub fn with_application_name(&self, name: &str) -> Connector {
+        let open = Arc::clone(&self.connect);
+        let name: Arc<str> = name.into();
+        let connect = move || -> ConnectFuture {
+            let open = Arc::clone(&open);
+            let name = Arc::clone(&name);
+            Box::pin(async move {
+                let connected = open().await?;
+                connected
+                    .client
+                    .execute(
+                        "SELECT pg_catalog.set_config('application_name', $1, false)",
+                        &[&&*name],
+                    )
+                    .await?;
+                Ok(connected)
+            })
+        };
+        Connector {
+            connect: Arc::new(connect),
+            connect_timeout: self.connect_timeout,
+            shown: Arc::clone(&self.shown),
+        }
+    }
+
     /// Sets the time allowed for opening a connection (default
     /// [`DEFAULT_CONNECT_TIMEOUT`]).
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Connector {

@@ -81,7 +81,8 @@ pub struct WorkerConfig {
     /// Open a second connection that `LISTEN`s on [`READY_CHANNEL`] and
     /// claim as soon as this queue is notified. Turn off behind a
     /// transaction-mode pooler (notifications would not arrive; polling
-    /// still works). Default true. Needs a client with a
+    /// still works). While on, the worker's own connections (heartbeat,
+    /// listener) carry `application_name` = `owner`. Default true. Needs a client with a
     /// [`Connector`](crate::Connector).
     pub listen: bool,
     /// After shutdown is requested, how long in-flight handlers may run
@@ -427,7 +428,12 @@ impl Worker {
         self.config.validate()?;
         let timeout = self.config.request_timeout;
         let ctx = Arc::new(Ctx {
-            heartbeat: self.client.separate().with_timeout(timeout),
+            // Tagged with the owner where session settings are safe (no
+            // transaction-mode pooler, which is what `listen` says).
+            heartbeat: self
+                .client
+                .separate(self.config.listen.then_some(self.config.owner.as_str()))
+                .with_timeout(timeout),
             client: self.client.with_timeout(timeout),
             config: self.config,
             handler: self.handler,
@@ -1024,9 +1030,10 @@ async fn listener(ctx: &Ctx, stop: &CancellationToken) {
     if !ctx.config.listen {
         return;
     }
-    let Some(connector) = ctx.client.connector().cloned() else {
+    let Some(connector) = ctx.client.connector() else {
         return;
     };
+    let connector = connector.with_application_name(&ctx.config.owner);
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
         let started = Instant::now();

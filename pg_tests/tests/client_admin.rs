@@ -112,3 +112,43 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
         ]
     );
 }
+
+/// The Worker's own sessions (heartbeat and listener) show its owner as
+/// `application_name`, so operators can tell replicas apart in
+/// pg_stat_activity. On main at 3729e87 they carried none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_sessions_carry_its_owner() {
+    use pg_lease_client::{CancellationToken, Worker, WorkerConfig};
+
+    let cluster = Cluster::start();
+    let client = Client::connect(&cluster.conn_string(TEST_DB))
+        .await
+        .expect("connect");
+    let mut config = WorkerConfig::new("default").with_ttl(Duration::from_secs(3));
+    config.owner = "replica-7".into();
+    config.poll_interval = Duration::from_millis(100);
+    // One job that runs long enough for a heartbeat.
+    client
+        .enqueue("default", &json!({}))
+        .await
+        .expect("enqueue");
+    let worker = Worker::new(client, config, |job| async move {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(3)) => {}
+            () = job.cancelled() => {}
+        }
+        Ok(Outcome::Done)
+    });
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let watch = cluster.connect().await;
+    // The listener connects at start, the heartbeat at its first tick.
+    pg_tests::eventually(
+        &watch,
+        "SELECT count(*) >= 2 FROM pg_stat_activity WHERE application_name = 'replica-7'",
+        Duration::from_secs(5),
+    )
+    .await;
+    shutdown.cancel();
+    run.await.expect("task").expect("run");
+}
