@@ -279,6 +279,19 @@ already attached, or the queue exists; 42601, 42703, 42804: the predicate does n
 over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner; 22023 bad queue
 option.$$;
 
+CREATE FUNCTION lease._check_table_owner(rel regclass) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_table_owner(regclass) IS
+    'Internal: raises 42501 unless the calling role (see lease._caller) owns table REL.';
+
 CREATE FUNCTION lease._attach_register(
     rel regclass, queue text, key_attnum smallint, order_attnum smallint, pending text, max_attempts integer,
     backoff_base interval, backoff_max interval, dead_retention interval, existing text[], ranks bigint[]
@@ -291,9 +304,7 @@ AS $$
 BEGIN
     -- Callable by any lease_admin, so it checks for itself what lease.attach
     -- established: the calling role owns the table.
-    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
-        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM lease._check_table_owner(rel);
     IF EXISTS (SELECT FROM lease.attachment a WHERE a.rel = _attach_register.rel) THEN
         RAISE EXCEPTION 'table % is already attached', rel USING ERRCODE = 'duplicate_object';
     END IF;
@@ -354,9 +365,7 @@ AS $$
 DECLARE
     q text;
 BEGIN
-    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
-        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM lease._check_table_owner(rel);
     DELETE FROM lease.attachment a WHERE a.rel = _detach_unregister.rel RETURNING a.queue INTO q;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'table % is not attached', rel USING ERRCODE = 'undefined_object';

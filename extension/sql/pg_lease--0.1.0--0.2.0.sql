@@ -208,120 +208,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
-CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
-RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE plpgsql VOLATILE
-AS $$
-#variable_conflict use_column
-DECLARE
-    n constant integer := lease.checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
-    f constant bigint := lease.epoch_floor();
-    r record;
-BEGIN
-    FOR r IN
-    WITH expired AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.state = 'leased' AND j.lease_until <= t
-           AND (only_queue IS NULL OR j.queue = only_queue)
-         ORDER BY j.lease_until
-         LIMIT n
-           FOR UPDATE SKIP LOCKED
-    ), recovered AS (
-        -- An expiry is a retry that nobody reported: same accounting as
-        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
-        UPDATE lease.job j
-           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                                  THEN t END,
-               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
-               epoch       = greatest(j.epoch + 1, f),
-               lease_until = NULL,
-               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
-          FROM lease.queue q
-         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
-           AND q.name = j.queue
-        RETURNING j.queue, j.state
-    ), counted AS (
-        SELECT r.queue,
-               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
-               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
-               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
-          FROM recovered r
-         GROUP BY r.queue
-    ), totals AS (
-        UPDATE lease.queue q
-           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
-          FROM counted c
-         WHERE q.name = c.queue
-    )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
-    LOOP
-        queue := r.queue;
-        requeued := r.requeued;
-        dead := r.dead;
-        cancelled := r.cancelled;
-        -- Idle workers LISTENing on the channel wake up instead of polling;
-        -- at most one notification per queue and sweep.
-        IF requeued > 0 THEN
-            PERFORM pg_notify('pg_lease_ready', queue);
-        END IF;
-        RETURN NEXT;
-    END LOOP;
-END
-$$;
-
-COMMENT ON FUNCTION lease._reap(integer, text) IS
-    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
-
-CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
-RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT * FROM lease._reap(max_rows, NULL);
-END;
-
--- Unchanged, but lost with the function dropped above.
-COMMENT ON FUNCTION lease.reap(integer) IS
-$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
-how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
-cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
-Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
-that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
-Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
-
-CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    n constant integer := lease.checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
-    removed bigint;
-BEGIN
-    WITH old AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
-         WHERE j.state IN ('done', 'dead', 'cancelled')
-           -- An attached table's finished rows go when their table row stops
-           -- matching; purging them earlier would leave that row unleased.
-           AND NOT q.attached
-           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
-         LIMIT n
-           FOR UPDATE OF j SKIP LOCKED
-    )
-    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    RETURN removed;
-END
-$$;
-
-COMMENT ON FUNCTION lease.purge(integer) IS
-$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
-(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
-
 CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
 LANGUAGE sql STABLE
 RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
@@ -507,90 +393,404 @@ COMMENT ON FUNCTION lease.revoke(text, regrole) IS
 $$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
 lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
 
-CREATE OR REPLACE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE
+CREATE OR REPLACE FUNCTION lease.create_queue(
+    name           text,
+    max_attempts   integer  DEFAULT 25,
+    backoff_base   interval DEFAULT '1 second',
+    backoff_max    interval DEFAULT '1 hour',
+    retention      interval DEFAULT '0',
+    dead_retention interval DEFAULT '7 days'
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    target record;
 BEGIN
-    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
-      FROM lease.job j
-      JOIN lease.attachment a ON a.queue = j.queue
-      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
-     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
-    IF FOUND THEN
-        -- The key type is one attach supports, so = and the cast are built in.
-        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
-          USING target.key;
+    PERFORM lease.checked_not_null(name, 'name');
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- By value (see lease.valid_span): what these add to a timestamp must
+    -- stay far from overflow, whatever units they were written in.
+    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
+            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
+            lease.checked_span(retention, interval '36500 days', 'retention'),
+            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
+        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Create or reconfigure: every replica can call this at start-up.
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
+    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
+    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
+        SET max_attempts   = EXCLUDED.max_attempts,
+            backoff_base   = EXCLUDED.backoff_base,
+            backoff_max    = EXCLUDED.backoff_max,
+            retention      = EXCLUDED.retention,
+            dead_retention = EXCLUDED.dead_retention;
 END
 $$;
 
-COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
-    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
+$$Creates queue NAME, or updates the policy of an existing one.
+max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
+backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
+retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
+Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
+Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
-CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    removed bigint;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
-    IF jsonb_typeof(patch) <> 'object' THEN
-        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+    PERFORM lease.checked_queue(name);
+    -- Lock the queue row first: enqueue's foreign key check waits on it, so no
+    -- row can slip in between the check below and the delete.
+    IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
+        RAISE EXCEPTION 'queue "%" belongs to an attached table', name
+            USING ERRCODE = 'object_in_use', HINT = 'Use lease.detach(table).';
+    END IF;
+    IF NOT coalesce(force, false) AND EXISTS (
+        SELECT FROM lease.job j
+         WHERE j.queue = drop_queue.name AND j.state IN ('pending', 'leased'))
+    THEN
+        RAISE EXCEPTION 'queue "%" still has pending or leased rows', name
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'Pass force => true to delete them with the queue.';
+    END IF;
+    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
+    RETURN removed;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    q lease.queue;
+BEGIN
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
+    IF NOT FOUND THEN
+        PERFORM lease.checked_queue(queue);
+    END IF;
+    IF q.attached THEN
+        -- Its rows are the table's rows that match the predicate; a row
+        -- enqueued by key would hand out one that does not.
+        RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Insert or update rows of the table so that they match its pending predicate.';
+    END IF;
+    IF q.restricted THEN
+        PERFORM lease._check_access(queue, '{produce}');
+    END IF;
+    RETURN queue;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
+    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
+
+CREATE OR REPLACE FUNCTION lease.enqueue(
+    queue    text,
+    payload  jsonb,
+    key      text        DEFAULT NULL,
+    run_at   timestamptz DEFAULT NULL,
+    priority integer     DEFAULT 0
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- ON CONFLICT (queue, key) names columns, not this function's arguments.
+#variable_conflict use_column
+DECLARE
+    q  constant text := lease._checked_producer_queue(queue);
+    p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    t  constant timestamptz := clock_timestamp();
+    new_id bigint;
+BEGIN
+    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
+    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        -- Same (queue, key) already there: hand back its id, change nothing.
+        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
+    ELSIF coalesce(r, t) <= t THEN
+        PERFORM lease.wake(q, 1);
+    END IF;
+    RETURN new_id;
+END
+$$;
+
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
+$$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
+Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
+returns the existing row's id and changes nothing (for as long as that row is retained).
+A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
+Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
+fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
+not produce into it; 22P02 payload is not valid JSON.$$;
+
+CREATE OR REPLACE FUNCTION lease.enqueue_batch(
+    queue    text,
+    payloads jsonb[],
+    keys     text[]      DEFAULT NULL,
+    run_at   timestamptz DEFAULT NULL,
+    priority integer     DEFAULT 0
+) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- ON CONFLICT (queue, key) names columns, not this function's arguments.
+#variable_conflict use_column
+DECLARE
+    q  constant text := lease._checked_producer_queue(queue);
+    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    t  constant timestamptz := clock_timestamp();
+    ids bigint[];
+BEGIN
+    IF keys IS NOT NULL AND cardinality(keys) <> n THEN
+        RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF n > 100000 THEN
+        RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(payloads, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    -- Ids are drawn up front so that the result can be returned in input
+    -- order, including for rows without a key.
+    ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
+    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
+    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
+      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
+     ORDER BY u.ord
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    IF n > 0 AND coalesce(r, t) <= t THEN
+        PERFORM lease.wake(q, n);
+    END IF;
+
+    -- A new statement sees the rows just inserted, so keys that collided (with
+    -- an older row or earlier in this batch) resolve to the row that won.
+    RETURN QUERY
+    SELECT CASE WHEN u.k IS NULL THEN u.id
+                ELSE (SELECT j.id FROM lease.job j WHERE j.queue = q AND j.key = u.k) END
+      FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, ord)
+     ORDER BY u.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
+$$Adds many rows to QUEUE in one statement and returns their ids in input order.
+keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
+infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
+
+CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    result text;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
-       SET payload = j.payload || patch
-     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
+       SET cancel_requested = true,
+           state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
+           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
+     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
+      INTO result;
+    IF result IS NULL THEN
+        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+    ELSE
+        -- A cancelled row is purged after dead_retention: work for the reaper.
+        PERFORM lease._reaper_touch();
+    END IF;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION lease.cancel(bigint) IS
+$$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
+but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
+expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
+returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
+queue is restricted and the caller may neither produce into nor work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    target bigint;
+BEGIN
+    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
+    SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
+    IF target IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN lease.cancel(target);
+END
+$$;
+
+COMMENT ON FUNCTION lease.cancel_key(text, text) IS
+$$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
+that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
+Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
+
+CREATE OR REPLACE FUNCTION lease.requeue(id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id');
+    -- A fresh start: attempts from zero, claimable now. The epoch stays, so
+    -- the next claim still issues a greater one.
+    UPDATE lease.job j
+       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
+           cancel_requested = false, owner = NULL, lease_until = NULL
+     WHERE j.id = requeue.id AND j.state = 'dead';
+    IF FOUND THEN
+        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
+    END IF;
     RETURN FOUND;
 END
 $$;
 
-COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
-$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
-is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
-and the caller may not work it.$$;
+COMMENT ON FUNCTION lease.requeue(bigint) IS
+$$Puts dead letter ID back to pending, claimable now, with its attempts reset (last_error is kept). Returns
+false and changes nothing unless the row is dead. For any queue, attached tables' included. Errors: 22004 id
+NULL.$$;
 
-CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE plpgsql VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    f constant bigint := lease.epoch_floor();
+    r record;
+BEGIN
+    FOR r IN
+    WITH expired AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.state = 'leased' AND j.lease_until <= t
+           AND (only_queue IS NULL OR j.queue = only_queue)
+         ORDER BY j.lease_until
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    ), recovered AS (
+        -- An expiry is a retry that nobody reported: same accounting as
+        -- lease.release(..., 'retry'), and a new epoch fences the old owner.
+        UPDATE lease.job j
+           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+                                  THEN t END,
+               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
+               epoch       = greatest(j.epoch + 1, f),
+               lease_until = NULL,
+               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
+          FROM lease.queue q
+         WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
+           AND q.name = j.queue
+        RETURNING j.queue, j.state
+    ), counted AS (
+        SELECT r.queue,
+               count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
+               count(*) FILTER (WHERE r.state = 'dead')      AS dead,
+               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
+          FROM recovered r
+         GROUP BY r.queue
+    ), totals AS (
+        UPDATE lease.queue q
+           SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
+          FROM counted c
+         WHERE q.name = c.queue
+    )
+    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
+    LOOP
+        queue := r.queue;
+        requeued := r.requeued;
+        dead := r.dead;
+        cancelled := r.cancelled;
+        -- Idle workers LISTENing on the channel wake up instead of polling;
+        -- at most one notification per queue and sweep.
+        IF requeued > 0 THEN
+            PERFORM pg_notify('pg_lease_ready', queue);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._reap(integer, text) IS
+    'Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing queue).';
+
+CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
+RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM lease._reap(max_rows, NULL);
+END;
+
+-- Unchanged, but lost with the function dropped above.
+COMMENT ON FUNCTION lease.reap(integer) IS
+$$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
+how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
+cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
+Rows locked by others are skipped. Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
+that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
+Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    until timestamptz;
+    n constant integer := lease.checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    removed bigint;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
-    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
-    -- and claimers skip or wait for it, so no new epoch can be issued before
-    -- the caller's own writes commit.
-    SELECT j.lease_until INTO until
-      FROM lease.job j
-     WHERE j.id = fence.id AND j.epoch = fence.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
-            USING ERRCODE = 'LE001',
-                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
-                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
-    END IF;
-    RETURN until;
+    WITH old AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j JOIN lease.queue q ON q.name = j.queue
+         WHERE j.state IN ('done', 'dead', 'cancelled')
+           -- An attached table's finished rows go when their table row stops
+           -- matching; purging them earlier would leave that row unleased.
+           AND NOT q.attached
+           AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
+         LIMIT n
+           FOR UPDATE OF j SKIP LOCKED
+    )
+    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
 END
 $$;
 
-COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
-$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
-current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
-follow in the same transaction are ordered before any takeover. For a row of an attached table it first
-locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
-cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
-your tables.
-Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
+COMMENT ON FUNCTION lease.purge(integer) IS
+$$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
+(dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
 CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
 RETURNS lease.renewal
@@ -959,290 +1159,90 @@ before any claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
 is restricted and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease.create_queue(
-    name           text,
-    max_attempts   integer  DEFAULT 25,
-    backoff_base   interval DEFAULT '1 second',
-    backoff_max    interval DEFAULT '1 hour',
-    retention      interval DEFAULT '0',
-    dead_retention interval DEFAULT '7 days'
-) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM lease.checked_not_null(name, 'name');
-    IF name = '' OR length(name) > 128 THEN
-        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
-        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- By value (see lease.valid_span): what these add to a timestamp must
-    -- stay far from overflow, whatever units they were written in.
-    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
-            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
-            lease.checked_span(retention, interval '36500 days', 'retention'),
-            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
-    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
-        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
-    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
-    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
-        SET max_attempts   = EXCLUDED.max_attempts,
-            backoff_base   = EXCLUDED.backoff_base,
-            backoff_max    = EXCLUDED.backoff_max,
-            retention      = EXCLUDED.retention,
-            dead_retention = EXCLUDED.dead_retention;
-END
-$$;
-
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
-$$Creates queue NAME, or updates the policy of an existing one.
-max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
-backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
-retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
-Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
-Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
-
-CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE OR REPLACE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    removed bigint;
+    target record;
 BEGIN
-    PERFORM lease.checked_queue(name);
-    -- Lock the queue row first: enqueue's foreign key check waits on it, so no
-    -- row can slip in between the check below and the delete.
-    IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
-        RAISE EXCEPTION 'queue "%" belongs to an attached table', name
-            USING ERRCODE = 'object_in_use', HINT = 'Use lease.detach(table).';
-    END IF;
-    IF NOT coalesce(force, false) AND EXISTS (
-        SELECT FROM lease.job j
-         WHERE j.queue = drop_queue.name AND j.state IN ('pending', 'leased'))
-    THEN
-        RAISE EXCEPTION 'queue "%" still has pending or leased rows', name
-            USING ERRCODE = 'object_in_use',
-                  HINT = 'Pass force => true to delete them with the queue.';
-    END IF;
-    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
-    RETURN removed;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
-LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    q lease.queue;
-BEGIN
-    SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
-    IF NOT FOUND THEN
-        PERFORM lease.checked_queue(queue);
-    END IF;
-    IF q.attached THEN
-        -- Its rows are the table's rows that match the predicate; a row
-        -- enqueued by key would hand out one that does not.
-        RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
-            USING ERRCODE = 'wrong_object_type',
-                  HINT = 'Insert or update rows of the table so that they match its pending predicate.';
-    END IF;
-    IF q.restricted THEN
-        PERFORM lease._check_access(queue, '{produce}');
-    END IF;
-    RETURN queue;
-END
-$$;
-
-COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
-    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
-
-CREATE OR REPLACE FUNCTION lease.enqueue(
-    queue    text,
-    payload  jsonb,
-    key      text        DEFAULT NULL,
-    run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
-) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
--- ON CONFLICT (queue, key) names columns, not this function's arguments.
-#variable_conflict use_column
-DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
-    p  constant jsonb := lease.checked_not_null(payload, 'payload');
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
-    t  constant timestamptz := clock_timestamp();
-    new_id bigint;
-BEGIN
-    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
-    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
-    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
-    RETURNING j.id INTO new_id;
-    IF new_id IS NULL THEN
-        -- Same (queue, key) already there: hand back its id, change nothing.
-        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
-    ELSIF coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, 1);
-    END IF;
-    RETURN new_id;
-END
-$$;
-
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
-$$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
-Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
-returns the existing row's id and changes nothing (for as long as that row is retained).
-A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
-Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
-fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
-not produce into it; 22P02 payload is not valid JSON.$$;
-
-CREATE OR REPLACE FUNCTION lease.enqueue_batch(
-    queue    text,
-    payloads jsonb[],
-    keys     text[]      DEFAULT NULL,
-    run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
-) RETURNS SETOF bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
--- ON CONFLICT (queue, key) names columns, not this function's arguments.
-#variable_conflict use_column
-DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
-    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
-    t  constant timestamptz := clock_timestamp();
-    ids bigint[];
-BEGIN
-    IF keys IS NOT NULL AND cardinality(keys) <> n THEN
-        RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF n > 100000 THEN
-        RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF array_position(payloads, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-
-    -- Ids are drawn up front so that the result can be returned in input
-    -- order, including for rows without a key.
-    ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
-    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
-    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
-      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
-     ORDER BY u.ord
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-    IF n > 0 AND coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, n);
-    END IF;
-
-    -- A new statement sees the rows just inserted, so keys that collided (with
-    -- an older row or earlier in this batch) resolve to the row that won.
-    RETURN QUERY
-    SELECT CASE WHEN u.k IS NULL THEN u.id
-                ELSE (SELECT j.id FROM lease.job j WHERE j.queue = q AND j.key = u.k) END
-      FROM unnest(ids, keys) WITH ORDINALITY AS u(id, k, ord)
-     ORDER BY u.ord;
-END
-$$;
-
-COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
-$$Adds many rows to QUEUE in one statement and returns their ids in input order.
-keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
-infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
-
-CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    result text;
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
-    UPDATE lease.job j
-       SET cancel_requested = true,
-           state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
-     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
-    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
-      INTO result;
-    IF result IS NULL THEN
-        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
-    ELSE
-        -- A cancelled row is purged after dead_retention: work for the reaper.
-        PERFORM lease._reaper_touch();
-    END IF;
-    RETURN result;
-END
-$$;
-
-COMMENT ON FUNCTION lease.cancel(bigint) IS
-$$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
-but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
-expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
-returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    target bigint;
-BEGIN
-    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
-    SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
-    IF target IS NULL THEN
-        RETURN NULL;
-    END IF;
-    RETURN lease.cancel(target);
-END
-$$;
-
-COMMENT ON FUNCTION lease.cancel_key(text, text) IS
-$$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
-that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
-Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
-
-CREATE OR REPLACE FUNCTION lease.requeue(id bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id');
-    -- A fresh start: attempts from zero, claimable now. The epoch stays, so
-    -- the next claim still issues a greater one.
-    UPDATE lease.job j
-       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
-           cancel_requested = false, owner = NULL, lease_until = NULL
-     WHERE j.id = requeue.id AND j.state = 'dead';
+    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
+      FROM lease.job j
+      JOIN lease.attachment a ON a.queue = j.queue
+      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
+     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
     IF FOUND THEN
-        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
+        -- The key type is one attach supports, so = and the cast are built in.
+        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
+          USING target.key;
     END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
+    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
+
+CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    IF jsonb_typeof(patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE lease.job j
+       SET payload = j.payload || patch
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
     RETURN FOUND;
 END
 $$;
 
-COMMENT ON FUNCTION lease.requeue(bigint) IS
-$$Puts dead letter ID back to pending, claimable now, with its attempts reset (last_error is kept). Returns
-false and changes nothing unless the row is dead. For any queue, attached tables' included. Errors: 22004 id
-NULL.$$;
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
+is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
+    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
+    -- and claimers skip or wait for it, so no new epoch can be issued before
+    -- the caller's own writes commit.
+    SELECT j.lease_until INTO until
+      FROM lease.job j
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
+            USING ERRCODE = 'LE001',
+                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
+                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
+current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+follow in the same transaction are ordered before any takeover. For a row of an attached table it first
+locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
+cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
+your tables.
+Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
+and the caller may not work it.$$;
 
 CREATE OR REPLACE FUNCTION lease._attached_key_column(queue text, rel oid) RETURNS name
 LANGUAGE sql STABLE
@@ -1479,6 +1479,19 @@ already attached, or the queue exists; 42601, 42703, 42804: the predicate does n
 over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner; 22023 bad queue
 option.$$;
 
+CREATE OR REPLACE FUNCTION lease._check_table_owner(rel regclass) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
+        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_table_owner(regclass) IS
+    'Internal: raises 42501 unless the calling role (see lease._caller) owns table REL.';
+
 CREATE OR REPLACE FUNCTION lease._attach_register(
     rel regclass, queue text, key_attnum smallint, order_attnum smallint, pending text, max_attempts integer,
     backoff_base interval, backoff_max interval, dead_retention interval, existing text[], ranks bigint[]
@@ -1491,9 +1504,7 @@ AS $$
 BEGIN
     -- Callable by any lease_admin, so it checks for itself what lease.attach
     -- established: the calling role owns the table.
-    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
-        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM lease._check_table_owner(rel);
     IF EXISTS (SELECT FROM lease.attachment a WHERE a.rel = _attach_register.rel) THEN
         RAISE EXCEPTION 'table % is already attached', rel USING ERRCODE = 'duplicate_object';
     END IF;
@@ -1554,9 +1565,7 @@ AS $$
 DECLARE
     q text;
 BEGIN
-    IF NOT pg_has_role(lease._caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'USAGE') THEN
-        RAISE EXCEPTION 'must be owner of table %', rel USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM lease._check_table_owner(rel);
     DELETE FROM lease.attachment a WHERE a.rel = _detach_unregister.rel RETURNING a.queue INTO q;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'table % is not attached', rel USING ERRCODE = 'undefined_object';
