@@ -30,11 +30,16 @@ CREATE TABLE lease.attachment (
     pending     text NOT NULL,
     attached_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- The column claims follow (lease.job.rank), if any.
-    order_attnum smallint
+    order_attnum smallint,
+    -- attach's on_dead/on_cancel SET lists and the table owner's function
+    -- that applies them (outcome.sql).
+    on_dead     text,
+    on_cancel   text,
+    outcome_function regprocedure
 );
 
 COMMENT ON TABLE lease.attachment IS
-    'Domain tables attached with lease.attach(): their queue, primary-key column and order_by column (by number) and pending predicate.';
+    'Domain tables attached with lease.attach(): their queue, primary-key column and order_by column (by number), pending predicate, on_dead/on_cancel SET lists and the function applying them.';
 
 -- The key column's current name, if it is still a key type attach supports:
 -- the trigger function casts the key to text as the extension owner, and a
@@ -190,7 +195,9 @@ CREATE FUNCTION lease.attach(
     backoff_base   interval DEFAULT '1 second',
     backoff_max    interval DEFAULT '1 hour',
     dead_retention interval DEFAULT '7 days',
-    order_by       name     DEFAULT NULL
+    order_by       name     DEFAULT NULL,
+    on_dead        text     DEFAULT NULL,
+    on_cancel      text     DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -204,6 +211,7 @@ DECLARE
     rank_sql text;
     existing text[];
     ranks bigint[];
+    outcome_function regprocedure;
 BEGIN
     -- Runs as the caller: creating triggers proves the caller may, and the
     -- predicate is parsed and first evaluated with the caller's rights.
@@ -251,17 +259,21 @@ BEGIN
     EXCEPTION WHEN duplicate_object THEN
         RAISE EXCEPTION 'table % is already attached', "table" USING ERRCODE = 'duplicate_object';
     END;
+    IF on_dead IS NOT NULL OR on_cancel IS NOT NULL THEN
+        outcome_function := lease._create_outcome_function("table", key_col, pending, on_dead, on_cancel);
+    END IF;
     -- The rows matching now become claimable.
     EXECUTE format('SELECT coalesce(array_agg(t.%I::text), ''{}''), coalesce(array_agg(%s), ''{}'')
                       FROM %s AS t WHERE (%s)', key_col, rank_sql, "table", pending)
        INTO existing, ranks;
     PERFORM lease._attach_register("table", q, key_attnum, order_attnum, pending, max_attempts, backoff_base,
-                                   backoff_max, dead_retention, existing, ranks);
+                                   backoff_max, dead_retention, existing, ranks, on_dead, on_cancel,
+                                   outcome_function);
     RETURN q;
 END
 $$;
 
-COMMENT ON FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval, name) IS
+COMMENT ON FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval, name, text, text) IS
 $$Makes the rows of TABLE for which PENDING (an SQL boolean expression over the table's columns, e.g.
 'status = ''SCHEDULED''') holds claimable in queue QUEUE (default: the table's name without schema), with the queue
 options given. claim_pending returns them with key = the primary key as text; renew, release,
@@ -272,12 +284,18 @@ The predicate may use the row's columns and functions of them, no subqueries; it
 row is written, as the writing role, so it must not depend on the time or on other tables. Returns the
 queue name. ORDER_BY names a column (time or integer) that claims follow, lowest first, within a
 priority (e.g. an SLO deadline); a change of it on a matching row moves the row in the order.
+ON_DEAD and ON_CANCEL are SET lists (e.g. 'status = ''FAILED'', error = now()::text') applied to the
+table row, if it still matches, in the transaction that makes its lease row a dead letter or cancelled;
+they run as the table's owner, in a function <table>_pg_lease_outcome that attach creates in the table's
+schema. With either, expired leases of the table are recovered by the next claim on the queue instead of
+the background reaper.
 The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL; 42703 no
 such order_by column; 0A000 order_by not a time or integer type;
 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
 already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
-over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner; 22023 bad queue
-option.$$;
+over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner or no CREATE on its
+schema (with on_dead/on_cancel); 42601, 42703: a bad on_dead/on_cancel; 42723 the outcome function's name
+is taken; 22023 bad queue option.$$;
 
 CREATE FUNCTION lease._check_table_owner(rel regclass) RETURNS void
 LANGUAGE plpgsql STABLE
@@ -294,7 +312,8 @@ COMMENT ON FUNCTION lease._check_table_owner(regclass) IS
 
 CREATE FUNCTION lease._attach_register(
     rel regclass, queue text, key_attnum smallint, order_attnum smallint, pending text, max_attempts integer,
-    backoff_base interval, backoff_max interval, dead_retention interval, existing text[], ranks bigint[]
+    backoff_base interval, backoff_max interval, dead_retention interval, existing text[], ranks bigint[],
+    on_dead text, on_cancel text, outcome_function regprocedure
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -308,6 +327,12 @@ BEGIN
     IF EXISTS (SELECT FROM lease.attachment a WHERE a.rel = _attach_register.rel) THEN
         RAISE EXCEPTION 'table % is already attached', rel USING ERRCODE = 'duplicate_object';
     END IF;
+    IF outcome_function IS NOT NULL AND NOT EXISTS (
+        SELECT FROM pg_proc p JOIN pg_class c ON c.oid = rel
+         WHERE p.oid = outcome_function AND p.prosecdef AND p.proowner = c.relowner) THEN
+        RAISE EXCEPTION 'function % is not a SECURITY DEFINER function of the owner of %', outcome_function, rel
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF EXISTS (SELECT FROM lease.queue q WHERE q.name = _attach_register.queue) THEN
         RAISE EXCEPTION 'queue "%" already exists', queue
             USING ERRCODE = 'duplicate_object', HINT = 'Pass another queue name to attach.';
@@ -316,9 +341,10 @@ BEGIN
     -- afresh (a new id, hence a new token) when it matches again.
     PERFORM lease.create_queue(queue, max_attempts, backoff_base, backoff_max, '0', dead_retention);
     UPDATE lease.queue q SET attached = true WHERE q.name = _attach_register.queue;
-    INSERT INTO lease.attachment (queue, rel, key_attnum, order_attnum, pending)
+    INSERT INTO lease.attachment (queue, rel, key_attnum, order_attnum, pending, on_dead, on_cancel, outcome_function)
     VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.order_attnum,
-            _attach_register.pending);
+            _attach_register.pending, _attach_register.on_dead, _attach_register.on_cancel,
+            _attach_register.outcome_function);
     INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
     SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
       FROM unnest(existing, ranks) AS u(k, r)
@@ -329,9 +355,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, smallint, text, integer, interval, interval, interval, text[], bigint[]) IS
+COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, smallint, text, integer, interval, interval, interval, text[], bigint[], text, text, regprocedure) IS
 $$Internal part of lease.attach that needs the extension owner's rights: creates the queue, records the
-attachment and makes the EXISTING keys claimable with their RANKS. Granted to lease_admin because lease.attach runs as
+attachment (with its outcome function, which must be a SECURITY DEFINER function of the table's owner) and
+makes the EXISTING keys claimable with their RANKS. Granted to lease_admin because lease.attach runs as
 its caller; refuses (42501) unless the calling role owns the table. Errors: 42710 the table is attached
 or the queue exists; 22023 bad queue option.$$;
 
@@ -339,6 +366,9 @@ CREATE FUNCTION lease.detach("table" regclass) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    fn regprocedure;
+    removed bigint;
 BEGIN
     IF "table" IS NULL THEN
         RAISE EXCEPTION 'table must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -348,14 +378,20 @@ BEGIN
                     DROP TRIGGER IF EXISTS pg_lease_stop ON %1$s;
                     DROP TRIGGER IF EXISTS pg_lease_update_start ON %1$s;
                     DROP TRIGGER IF EXISTS pg_lease_update_stop ON %1$s;
-                    DROP TRIGGER IF EXISTS pg_lease_truncate ON %1$s', "table");
-    RETURN lease._detach_unregister("table");
+                    DROP TRIGGER IF EXISTS pg_lease_truncate ON %1$s;
+                    DROP TRIGGER IF EXISTS pg_lease_reorder ON %1$s', "table");
+    SELECT a.outcome_function INTO fn FROM lease.attachment a WHERE a.rel = "table";
+    removed := lease._detach_unregister("table");
+    IF fn IS NOT NULL THEN
+        EXECUTE format('DROP FUNCTION IF EXISTS %s', fn);
+    END IF;
+    RETURN removed;
 END
 $$;
 
 COMMENT ON FUNCTION lease.detach(regclass) IS
-$$Undoes lease.attach on TABLE: drops its triggers, its queue and every lease.job row of it (held leases
-end), and returns how many rows were removed. The domain table's data is not touched. The caller must
+$$Undoes lease.attach on TABLE: drops its triggers, its outcome function (on_dead/on_cancel), its queue and
+every lease.job row of it (held leases end), and returns how many rows were removed. The domain table's data is not touched. The caller must
 own the table. Errors: 22004 table NULL; 42704 not attached; 42501 not the table's owner.$$;
 
 CREATE FUNCTION lease._detach_unregister(rel regclass) RETURNS bigint
@@ -402,21 +438,28 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    q text;
+    gone record;
+    fn text;
 BEGIN
-    FOR q IN
+    FOR gone IN
         DELETE FROM lease.attachment a
          USING pg_event_trigger_dropped_objects() d
          WHERE d.classid = 'pg_class'::regclass AND d.objid = a.rel::oid AND d.objsubid = 0
-        RETURNING a.queue
+        RETURNING a.queue, a.outcome_function::oid AS fn_oid
     LOOP
-        PERFORM lease._drop_attached_queue(q);
+        PERFORM lease._drop_attached_queue(gone.queue);
+        -- Its outcome function writes the dropped table: drop it too, unless
+        -- the same command (DROP SCHEMA ... CASCADE) already did.
+        SELECT p.oid::regprocedure::text INTO fn FROM pg_proc p WHERE p.oid = gone.fn_oid;
+        IF fn IS NOT NULL THEN
+            EXECUTE format('DROP FUNCTION %s', fn);
+        END IF;
     END LOOP;
 END
 $$;
 
 COMMENT ON FUNCTION lease._forget_dropped_tables() IS
-    'Internal event trigger function (sql_drop): forgets the attachments of dropped tables with their queues and rows.';
+    'Internal event trigger function (sql_drop): forgets the attachments of dropped tables with their queues, rows and outcome functions.';
 
 CREATE EVENT TRIGGER pg_lease_forget_dropped_tables ON sql_drop
 EXECUTE FUNCTION lease._forget_dropped_tables();

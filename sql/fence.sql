@@ -1,33 +1,6 @@
 -- Fenced writes: the holder of (id, epoch) may write; nobody else may, not
 -- even the same owner with an older epoch.
 
--- Lock order for an attached table's row: the table row first, then its
--- lease row. Every other writer of the table takes them in that order (its
--- UPDATE locks the table row, then its trigger the lease row), so fence must
--- too, or a holder's fenced write and a user's cancel of the same row
--- deadlock. FOR NO KEY UPDATE is what the holder's own UPDATE takes next.
-CREATE FUNCTION lease._lock_attached_row(id bigint) RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    target record;
-BEGIN
-    SELECT a.rel, j.key, c.attname, format_type(c.atttypid, NULL) AS type INTO target
-      FROM lease.job j
-      JOIN lease.attachment a ON a.queue = j.queue
-      JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
-     WHERE j.id = _lock_attached_row.id AND c.attname = lease._attached_key_column(a.queue, a.rel);
-    IF FOUND THEN
-        -- The key type is one attach supports, so = and the cast are built in.
-        EXECUTE format('SELECT FROM %s WHERE %I = $1::%s FOR NO KEY UPDATE', target.rel, target.attname, target.type)
-          USING target.key;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._lock_attached_row(bigint) IS
-    'Internal: if row ID belongs to an attached table, locks that table''s row FOR NO KEY UPDATE (lock order of lease.fence).';
-
 CREATE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -62,7 +35,13 @@ DECLARE
     until timestamptz;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}'), lease._lock_attached_row(id);
+            lease._check_rows(ARRAY[id], '{work}');
+    -- Lock order for an attached table's row: the table row first, then
+    -- its lease row. Every other writer of the table takes them in that
+    -- order (its UPDATE locks the table row, then its trigger the lease
+    -- row), so fence must too, or a holder's fenced write and a user's
+    -- cancel of the same row deadlock.
+    PERFORM lease._lock_attached_rows(ARRAY[id]);
     -- FOR SHARE holds the row until the caller's transaction ends: the reaper
     -- and claimers skip or wait for it, so no new epoch can be issued before
     -- the caller's own writes commit.

@@ -68,15 +68,17 @@ GRANT EXECUTE ON FUNCTION
     lease.reap(integer),
     lease.purge(integer),
     lease.sweep(integer),
-    lease.attach(regclass, text, text, integer, interval, interval, interval, name),
+    lease.attach(regclass, text, text, integer, interval, interval, interval, name, text, text),
     lease.detach(regclass),
     -- The exceptions. attach and detach run as their caller (they must
     -- create and drop triggers on the caller's table, and evaluate the
     -- caller's predicate with the caller's rights); these are their parts
     -- that need the extension owner's, and check ownership themselves.
     lease._attach_register(regclass, text, smallint, smallint, text, integer, interval, interval, interval,
-                           text[], bigint[]),
+                           text[], bigint[], text, text, regprocedure),
     lease._attach_triggers(regclass, text, text, name, name),
+    -- Runs as the caller (it creates the caller's own function).
+    lease._create_outcome_function(regclass, name, text, text, text),
     lease._rank_sql(oid, smallint, text),
     lease._detach_unregister(regclass),
     -- A trigger function cannot be called; EXECUTE only lets attach create

@@ -247,7 +247,9 @@ AS $$
 DECLARE
     result text;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
+    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
+            -- A cancel written back to the table row: that row first.
+            lease._lock_attached_rows(ARRAY[id], true);
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,

@@ -109,7 +109,10 @@ Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 CREATE FUNCTION lease._next_sweep_due() RETURNS timestamptz
 LANGUAGE sql STABLE
 RETURN least(
-    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
+    (SELECT min(j.lease_until) FROM lease.job j
+      WHERE j.state = 'leased'
+        -- Claims reap these (outcome.sql), not the reaper.
+        AND NOT EXISTS (SELECT FROM lease.attachment a WHERE a.queue = j.queue AND a.outcome_function IS NOT NULL)),
     -- Per queue, so that it costs O(queues); either retention bounds it.
     (SELECT min(f.first + least(q.retention, q.dead_retention))
        FROM lease.queue q

@@ -39,12 +39,18 @@ pgrx::extension_sql_file!(
     name = "attach",
     requires = ["queue"]
 );
+pgrx::extension_sql_file!(
+    "../../sql/outcome.sql",
+    name = "outcome",
+    requires = ["attach", "reap"]
+);
 pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
     requires = [
         "reap",
+        "attach",
         shared::reaper_slot_shortages,
         shared::reaper_last_slot_shortage
     ]

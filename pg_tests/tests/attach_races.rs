@@ -341,4 +341,13 @@ async fn claims_follow_the_order_by_column() {
         let err = pg.batch_execute(sql).await.expect_err(sql);
         assert_eq!(sqlstate(&err).as_deref(), Some(code), "{sql}");
     }
+    // detach takes the reorder trigger along (it was left behind, and every
+    // later change of the deadline failed on the queue it no longer had).
+    pg.batch_execute(
+        "SELECT lease.detach('slo_items');
+         UPDATE slo_items SET deadline = '2031-01-01';
+         SELECT lease.attach('slo_items', $$status = 'todo'$$, order_by => 'deadline');",
+    )
+    .await
+    .expect("detach and attach again");
 }

@@ -61,7 +61,7 @@ fn the_attach_sql_example_runs_as_written() {
             TEST_DB,
             "SELECT string_agg(id || ':' || status, ',' ORDER BY id) FROM service_instances"
         ),
-        "1:DELETED,2:RUNNING,3:SCHEDULED\n"
+        "1:DELETED,2:RUNNING,3:SCHEDULED,4:CANCELLED\n"
     );
 }
 

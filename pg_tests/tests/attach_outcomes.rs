@@ -1,0 +1,286 @@
+//! An attached row's outcome written back to its table row: `attach(...,
+//! on_dead => ..., on_cancel => ...)`.
+//!
+//! Before this, dead letters and cancels of attached rows were never
+//! reflected in the domain (the application polled admin views to move
+//! SCHEDULED to FAILED); each test failed on main at 3729e87, where attach
+//! had neither option. The deliberate break each was checked against is in
+//! its doc comment ("Broken on purpose").
+
+use std::time::Duration;
+
+use pg_tests::{scalar, sqlstate, Cluster, TEST_DB};
+use tokio_postgres::Client;
+
+/// `items` attached with its failures and cancels written back to `status`.
+async fn items(pg: &Client, max_attempts: i32) {
+    pg.batch_execute(&format!(
+        "CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, progress int DEFAULT 0,
+                             why text);
+         SELECT lease.attach('items', $$status IN ('validating', 'in_progress')$$,
+                             max_attempts => {max_attempts}, backoff_base => '10 milliseconds',
+                             on_dead => $$status = 'failed', why = 'dead'$$,
+                             on_cancel => $$status = 'cancelled'$$);"
+    ))
+    .await
+    .expect("items");
+}
+
+/// Claims `key` of `items` for owner `a`: (id, epoch). The other rows the
+/// claim took are abandoned (their attempt given back).
+async fn claim(pg: &Client, key: &str, ttl: &str) -> (i64, i64) {
+    let rows = pg
+        .query(
+            "SELECT id, epoch, key FROM lease.claim_pending(100, $1::text::interval, 'a', 'items')",
+            &[&ttl],
+        )
+        .await
+        .expect("claim");
+    let (mine, others): (Vec<_>, Vec<_>) = rows
+        .iter()
+        .partition(|r| r.get::<_, Option<String>>(2).as_deref() == Some(key));
+    let (ids, epochs): (Vec<i64>, Vec<i64>) = others
+        .iter()
+        .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)))
+        .unzip();
+    pg.execute(
+        "SELECT * FROM lease.release_batch($1, 'a', $2, 'abandon')",
+        &[&ids, &epochs],
+    )
+    .await
+    .expect("abandon the others");
+    let row = mine
+        .first()
+        .unwrap_or_else(|| panic!("{key} was not claimed"));
+    (row.get(0), row.get(1))
+}
+
+/// How many rows a claim of up to 10 for owner `b` got (leaving them held).
+async fn claim_any(pg: &Client) -> usize {
+    pg.query(
+        "SELECT 1 FROM lease.claim_pending(10, '1 minute', 'b', 'items')",
+        &[],
+    )
+    .await
+    .expect("claim")
+    .len()
+}
+
+async fn status(pg: &Client, key: &str) -> String {
+    scalar(pg, &format!("SELECT status FROM items WHERE id = '{key}'")).await
+}
+
+async fn lease_rows(pg: &Client) -> i64 {
+    scalar(pg, "SELECT count(*) FROM lease.job WHERE queue = 'items'").await
+}
+
+/// Every way an attached row becomes a dead letter or cancelled shows in
+/// its table row, in the same transaction, and the lease row goes with it
+/// (the table row left the predicate): `fail`, a retry past max_attempts,
+/// `done` while the row still matched, a cancel of a pending row by key, a
+/// cancel of a leased row ended by the holder's retry, and a last expiry,
+/// which the next claim recovers (the reaper leaves such queues alone).
+///
+/// Broken on purpose: with the `pg_lease_outcome` trigger on lease.job
+/// dropped, the rows stayed `validating` and the first assertion failed.
+#[tokio::test]
+async fn dead_letters_and_cancels_are_written_back_to_the_table() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    items(&pg, 2).await;
+    pg.batch_execute(
+        "INSERT INTO items (id, status) VALUES
+             ('fail', 'validating'), ('retry', 'validating'), ('done', 'validating'),
+             ('pending', 'validating'), ('leased', 'validating'), ('expired', 'validating'),
+             ('other', 'new')",
+    )
+    .await
+    .expect("insert");
+
+    let (id, epoch) = claim(&pg, "fail", "1 minute").await;
+    pg.execute("SELECT lease.release($1, 'a', $2, 'fail')", &[&id, &epoch])
+        .await
+        .expect("fail");
+    assert_eq!(status(&pg, "fail").await, "failed");
+
+    let (id, epoch) = claim(&pg, "done", "1 minute").await;
+    pg.execute(
+        "SELECT * FROM lease.release_batch(ARRAY[$1::bigint], 'a', ARRAY[$2::bigint], 'done')",
+        &[&id, &epoch],
+    )
+    .await
+    .expect("done");
+    assert_eq!(
+        status(&pg, "done").await,
+        "failed",
+        "a stranded done is dead"
+    );
+
+    // Two attempts: the second retry is a dead letter.
+    for _ in 0..2 {
+        let (id, epoch) = claim(&pg, "retry", "1 minute").await;
+        pg.execute(
+            "SELECT lease.release($1, 'a', $2, 'retry', clock_timestamp())",
+            &[&id, &epoch],
+        )
+        .await
+        .expect("retry");
+    }
+    assert_eq!(status(&pg, "retry").await, "failed");
+
+    let cancelled: String = scalar(&pg, "SELECT lease.cancel_key('items', 'pending')").await;
+    assert_eq!(cancelled, "cancelled");
+    assert_eq!(status(&pg, "pending").await, "cancelled");
+
+    let (id, epoch) = claim(&pg, "leased", "1 minute").await;
+    let requested: String = scalar(&pg, "SELECT lease.cancel_key('items', 'leased')").await;
+    assert_eq!(requested, "cancel_requested");
+    assert_eq!(status(&pg, "leased").await, "validating", "still held");
+    pg.execute("SELECT lease.release($1, 'a', $2, 'retry')", &[&id, &epoch])
+        .await
+        .expect("retry after cancel");
+    assert_eq!(status(&pg, "leased").await, "cancelled");
+
+    // The last attempt expires. A sweep (what the reaper runs) leaves it;
+    // the next claim on the queue dead-letters it and writes it back.
+    for attempt in 0..2 {
+        if attempt > 0 {
+            // This claim recovers the expiry (back to pending after a 10 ms
+            // backoff) and finds nothing eligible yet.
+            assert_eq!(claim_any(&pg).await, 0);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        claim(&pg, "expired", "100 milliseconds").await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        pg.batch_execute("SELECT lease.sweep()")
+            .await
+            .expect("sweep");
+        let leased: i64 = scalar(
+            &pg,
+            "SELECT count(*) FROM lease.job WHERE queue = 'items' AND state = 'leased'",
+        )
+        .await;
+        assert_eq!(leased, 1, "the reaper does not recover it");
+    }
+    assert_eq!(claim_any(&pg).await, 0);
+    assert_eq!(status(&pg, "expired").await, "failed");
+    let why: String = scalar(&pg, "SELECT why FROM items WHERE id = 'expired'").await;
+    assert_eq!(why, "dead");
+
+    assert_eq!(status(&pg, "other").await, "new", "other rows untouched");
+    assert_eq!(
+        lease_rows(&pg).await,
+        0,
+        "every lease row left with its row"
+    );
+}
+
+/// The holder dead-letters a row while an acknowledgement consumer, which
+/// already holds the table row, moves it on: the holder's release waits
+/// for the table row, finds the lease gone and reports it lost. 10 rounds,
+/// no 40P01, and the consumer's status wins.
+///
+/// Broken on purpose: with `release` not locking the table row first (its
+/// UPDATE locked the lease row, then the outcome trigger waited for the
+/// table row), every round died with 40P01.
+#[tokio::test]
+async fn a_failing_release_and_a_consumer_never_deadlock() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    items(&pg, 5).await;
+    let consumer = cluster.connect().await;
+    for round in 0..10 {
+        let key = format!("r{round}");
+        pg.execute(
+            "INSERT INTO items (id, status) VALUES ($1, 'validating')",
+            &[&key],
+        )
+        .await
+        .expect("insert");
+        let (id, epoch) = claim(&pg, &key, "1 minute").await;
+        consumer
+            .batch_execute(&format!(
+                "BEGIN; UPDATE items SET progress = 1 WHERE id = '{key}'"
+            ))
+            .await
+            .expect("consumer holds the row");
+        let holder = cluster.connect().await;
+        let release = tokio::spawn(async move {
+            holder
+                .query_one("SELECT lease.release($1, 'a', $2, 'fail')", &[&id, &epoch])
+                .await
+                .map(|row| row.get::<_, bool>(0))
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let moved = consumer
+            .batch_execute(&format!(
+                "UPDATE items SET status = 'deleted' WHERE id = '{key}'; COMMIT"
+            ))
+            .await;
+        if let Err(err) = &moved {
+            consumer.batch_execute("ROLLBACK").await.ok();
+            panic!("round {round}: consumer failed: {:?}", sqlstate(err));
+        }
+        let released = release.await.expect("join");
+        match released {
+            Ok(held) => assert!(!held, "round {round}: the lease ended with the row"),
+            Err(err) => panic!("round {round}: release failed: {:?}", sqlstate(&err)),
+        }
+        assert_eq!(status(&pg, &key).await, "deleted");
+    }
+}
+
+/// A tenant who owns an attached table cannot turn its outcome function
+/// into code that runs with the extension owner's rights: made SECURITY
+/// INVOKER (so that a worker's release, which runs as the extension owner,
+/// would run it as that), it is refused with 55000 and runs nowhere.
+///
+/// Broken on purpose: with `lease._outcome_function` not checking
+/// `prosecdef`, the worker's release made the tenant superuser.
+#[tokio::test]
+async fn a_tenant_cannot_make_its_outcome_function_run_as_the_extension() {
+    let cluster = Cluster::start();
+    let su = cluster.connect().await;
+    su.batch_execute(
+        "CREATE ROLE tenant LOGIN IN ROLE lease_admin;
+         CREATE ROLE worker LOGIN IN ROLE lease_worker;
+         GRANT CREATE ON SCHEMA public TO tenant;",
+    )
+    .await
+    .expect("roles");
+    let tenant = cluster.connect_to(TEST_DB, "tenant").await;
+    items(&tenant, 5).await;
+    tenant
+        .batch_execute(
+            "INSERT INTO items (id, status) VALUES ('x', 'validating');
+             CREATE OR REPLACE FUNCTION public.items_pg_lease_outcome(key text, outcome text)
+             RETURNS void LANGUAGE sql SECURITY INVOKER AS 'ALTER ROLE tenant SUPERUSER';",
+        )
+        .await
+        .expect("tenant's own function");
+    let worker = cluster.connect_to(TEST_DB, "worker").await;
+    let (id, epoch) = claim(&worker, "x", "1 minute").await;
+    let err = worker
+        .execute("SELECT lease.release($1, 'a', $2, 'fail')", &[&id, &epoch])
+        .await
+        .expect_err("refused");
+    assert_eq!(sqlstate(&err).as_deref(), Some("55000"));
+    let superuser: bool = scalar(
+        &su,
+        "SELECT rolsuper FROM pg_roles WHERE rolname = 'tenant'",
+    )
+    .await;
+    assert!(!superuser);
+    assert_eq!(status(&su, "x").await, "validating", "nothing changed");
+    // Detach takes the function along.
+    tenant
+        .batch_execute("SELECT lease.detach('items')")
+        .await
+        .expect("detach");
+    let left: i64 = scalar(
+        &su,
+        "SELECT count(*) FROM pg_proc WHERE proname = 'items_pg_lease_outcome'",
+    )
+    .await;
+    assert_eq!(left, 0);
+}
