@@ -4,7 +4,9 @@
 //! one processor may own. Several replicas share one database in each test.
 //!
 //! Each test was run once against code broken on purpose and failed; the
-//! break is named in its doc comment ("Broken on purpose").
+//! break is named in its doc comment ("Broken on purpose"). The same systems
+//! beside the domain's other writers (acknowledgement consumers, users'
+//! cancels) are in attach_writers.rs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
