@@ -472,12 +472,16 @@ impl Worker {
         let background = CancellationToken::new();
 
         let (ready, waiting) = mpsc::unbounded_channel();
+        // Ends with the claims (shutdown, or a claim that fails for good):
+        // the dispatcher then gives back the rows that wait, and the
+        // releaser stops taking leases up again.
+        let dispatching = shutdown.child_token();
         let releaser = {
             let ctx = Arc::clone(&ctx);
             let background = background.clone();
             let refill = Refill {
                 ready: ready.clone(),
-                stopping: shutdown.clone(),
+                stopping: dispatching.clone(),
             };
             async move {
                 releaser(&ctx, released, &refill).await;
@@ -488,9 +492,6 @@ impl Worker {
             let ctx = Arc::clone(&ctx);
             async move {
                 let mut jobs = JoinSet::new();
-                // The dispatcher stops with the claims (also when a claim
-                // fails for good), and gives back the rows that wait.
-                let dispatching = shutdown.child_token();
                 let claims = async {
                     let result = claim_loop(&ctx, &shutdown, ready, &releases, &free).await;
                     dispatching.cancel();
