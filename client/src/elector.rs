@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::worker::{default_owner, MAX_TTL};
+use crate::timing::{check_lease_timing, default_owner};
 
 /// Settings of an [`Elector`]. [`ElectorConfig::new`] gives the defaults
 /// documented on each field; [`ElectorConfig::with_ttl`] scales them.
@@ -69,17 +69,7 @@ impl ElectorConfig {
     /// Checks the settings; [`Error::InvalidInput`] names the first wrong
     /// one.
     pub fn validate(&self) -> Result<()> {
-        if self.ttl > MAX_TTL {
-            return Err(Error::invalid("ttl must be at most one day"));
-        }
-        if self.margin >= self.ttl {
-            return Err(Error::invalid("margin must be shorter than ttl"));
-        }
-        if self.renew_every.is_zero() || self.renew_every >= self.confirmed_for() {
-            return Err(Error::invalid(
-                "renew_every must be positive and shorter than ttl - margin",
-            ));
-        }
+        check_lease_timing(self.ttl, self.margin, self.renew_every)?;
         if self.retry_every.is_zero() || self.request_timeout.is_zero() {
             return Err(Error::invalid(
                 "retry_every and request_timeout must be positive",

@@ -54,6 +54,7 @@ mod elector;
 mod error;
 mod lease;
 mod queue;
+mod timing;
 mod worker;
 
 pub use client::{fence, fence_named, Client, DEFAULT_REQUEST_TIMEOUT};

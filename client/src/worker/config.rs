@@ -1,0 +1,158 @@
+//! [`WorkerConfig`]: the settings of a [`Worker`](super::Worker) and their defaults.
+
+use std::time::Duration;
+
+use super::MAX_BATCH;
+use crate::error::{Error, Result};
+use crate::timing::{check_lease_timing, default_owner};
+
+/// Settings of a [`Worker`]. [`WorkerConfig::new`] gives the defaults
+/// documented on each field; [`WorkerConfig::with_ttl`] scales the timing
+/// settings to another ttl.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Queue to work on. Default `"default"`.
+    pub queue: String,
+    /// Owner name for claims and renewals (1 to 256 characters). Default:
+    /// `<hostname>-<pid>-<random hex>`, unique per process start.
+    pub owner: String,
+    /// Most handlers running at once. Default 8.
+    pub concurrency: usize,
+    /// Rows claimed ahead of free slots: they wait in claim order, their
+    /// leases held and renewed like running ones, and are given back at
+    /// once on shutdown. The worker holds at most `concurrency + prefetch`
+    /// leases (finished jobs included until their outcome is recorded).
+    /// Default 0 (a claim asks only for free slots); raise it for short
+    /// jobs, where claims in batches of `concurrency + prefetch` carry the
+    /// throughput (see benches/README.md).
+    pub prefetch: usize,
+    /// Lease duration asked for on claim and on each renewal. Default 30 s.
+    pub ttl: Duration,
+    /// Time between heartbeats (one `renew_batch` for all in-flight
+    /// leases). Default 10 s (ttl / 3). After a failed heartbeat the next
+    /// comes after a quarter of this.
+    pub renew_every: Duration,
+    /// Safety margin: a job's local deadline is the time its last confirmed
+    /// claim or renewal request was *sent* plus `ttl − margin`; when it
+    /// passes, the job's cancellation token fires. Covers clock rate drift
+    /// and the time the handler needs to notice. Default 5 s (ttl / 6).
+    pub margin: Duration,
+    /// Time allowed for each claim, renewal or release request (connecting
+    /// included) before its connection is given up. Default 5 s (ttl / 6).
+    pub request_timeout: Duration,
+    /// Claim at least this often when idle, whether or not a notification
+    /// came (the fallback when `LISTEN` is off or unavailable, and the
+    /// pick-up delay of retries, which are not notified). Default 2 s.
+    pub poll_interval: Duration,
+    /// Open a second connection that `LISTEN`s on [`READY_CHANNEL`] and
+    /// claim as soon as this queue is notified. Turn off behind a
+    /// transaction-mode pooler (notifications would not arrive; polling
+    /// still works). While on, the worker's own connections (heartbeat,
+    /// listener) carry `application_name` = `owner`. Default true. Needs a client with a
+    /// [`Connector`](crate::Connector).
+    pub listen: bool,
+    /// After shutdown is requested, how long in-flight handlers may run
+    /// before they are dropped and their rows abandoned. Default 30 s, and
+    /// the ttl after [`with_ttl`](WorkerConfig::with_ttl).
+    pub grace_period: Duration,
+    /// On start, take back (under new epochs) the rows this `owner` still
+    /// holds from an earlier run, before claiming anything else
+    /// ([`Client::reclaim_own`](crate::Client::reclaim_own)), once: as many
+    /// as there are slots; any others expire and are reaped. Useful only
+    /// with a stable owner name per process (e.g. a StatefulSet
+    /// hostname); never run two workers with one owner name. Default
+    /// false.
+    pub reclaim_own: bool,
+}
+
+impl WorkerConfig {
+    /// The defaults, for `queue`.
+    pub fn new(queue: impl Into<String>) -> WorkerConfig {
+        WorkerConfig {
+            queue: queue.into(),
+            owner: default_owner(),
+            concurrency: 8,
+            prefetch: 0,
+            ttl: Duration::from_secs(30),
+            renew_every: Duration::from_secs(10),
+            margin: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            poll_interval: Duration::from_secs(2),
+            listen: true,
+            grace_period: Duration::from_secs(30),
+            reclaim_own: false,
+        }
+    }
+
+    /// Sets `ttl`, and `renew_every` = ttl / 3, `margin` and
+    /// `request_timeout` = ttl / 6, `grace_period` = ttl: the proportions of
+    /// the defaults. Set `grace_period` after this call to choose another.
+    pub fn with_ttl(mut self, ttl: Duration) -> WorkerConfig {
+        self.ttl = ttl;
+        self.renew_every = ttl / 3;
+        self.margin = ttl / 6;
+        self.request_timeout = ttl / 6;
+        self.grace_period = ttl;
+        self
+    }
+
+    /// Checks the settings; [`Error::InvalidInput`] names the first wrong
+    /// one.
+    pub fn validate(&self) -> Result<()> {
+        if self.prefetch > MAX_BATCH {
+            return Err(Error::invalid(format!(
+                "prefetch must be at most {MAX_BATCH} (got {})",
+                self.prefetch
+            )));
+        }
+        if self.concurrency == 0 || self.concurrency > MAX_BATCH {
+            return Err(Error::invalid(format!(
+                "concurrency must be 1..={MAX_BATCH} (got {})",
+                self.concurrency
+            )));
+        }
+        check_lease_timing(self.ttl, self.margin, self.renew_every)?;
+        if self.request_timeout.is_zero() || self.poll_interval.is_zero() {
+            return Err(Error::invalid(
+                "request_timeout and poll_interval must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl WorkerConfig {
+    /// How long a confirmed claim or renewal lets a job run: `ttl − margin`.
+    pub(super) fn confirmed_for(&self) -> Duration {
+        self.ttl.saturating_sub(self.margin)
+    }
+}
+
+impl Default for WorkerConfig {
+    /// [`WorkerConfig::new`] for queue `default`.
+    fn default() -> Self {
+        WorkerConfig::new("default")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_scaled_ttls_too() {
+        assert!(WorkerConfig::default().validate().is_ok());
+        let c = WorkerConfig::new("q").with_ttl(Duration::from_secs(3));
+        assert_eq!(c.renew_every, Duration::from_secs(1));
+        assert_eq!(c.margin, Duration::from_millis(500));
+        // Failed on 3729e87: the grace period stayed 30 s whatever the ttl.
+        assert_eq!(c.grace_period, Duration::from_secs(3));
+        assert!(c.validate().is_ok());
+        let mut bad = c.clone();
+        bad.margin = bad.ttl;
+        assert!(bad.validate().is_err());
+        let mut bad = c;
+        bad.concurrency = 0;
+        assert!(bad.validate().is_err());
+    }
+}

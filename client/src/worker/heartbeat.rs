@@ -1,0 +1,71 @@
+//! The heartbeat: one `renew_batch` per tick for every lease the worker holds.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::job::CancelReason;
+use super::{Ctx, MAX_BATCH};
+use crate::lease::FencingToken;
+
+/// One `renew_batch` per tick for every held lease; moves local deadlines
+/// on confirmation and fires tokens on loss or cancel requests.
+pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
+    let cfg = &ctx.config;
+    let mut wait = cfg.renew_every;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let tokens: Vec<FencingToken> = ctx
+            .slots()
+            .iter()
+            .filter(|(_, s)| s.reason.get() != Some(&CancelReason::Lost))
+            .map(|(id, s)| FencingToken {
+                id: *id,
+                epoch: s.epoch,
+            })
+            .collect();
+        wait = cfg.renew_every;
+        let sent = Instant::now();
+        for chunk in tokens.chunks(MAX_BATCH) {
+            let renewals = tokio::select! {
+                () = stop.cancelled() => return,
+                r = ctx.heartbeat.renew_batch(&cfg.owner, chunk, cfg.ttl) => r,
+            };
+            let Ok(renewals) = renewals else {
+                wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
+                continue;
+            };
+            let confirmed_until = sent + cfg.confirmed_for();
+            let slots = ctx.slots();
+            for (token, renewal) in chunk.iter().zip(&renewals) {
+                let Some(slot) = slots.get(&token.id).filter(|s| s.epoch == token.epoch) else {
+                    continue;
+                };
+                if !renewal.held {
+                    slot.fire(CancelReason::Lost);
+                    continue;
+                }
+                if renewal.busy {
+                    // Not extended: keep the old deadline and come back
+                    // soon, before it passes.
+                    wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
+                    continue;
+                }
+                slot.deadline.send_if_modified(|d| {
+                    let later = confirmed_until > *d;
+                    if later {
+                        *d = confirmed_until;
+                    }
+                    later
+                });
+                if renewal.cancel_requested {
+                    slot.fire(CancelReason::CancelRequested);
+                }
+            }
+        }
+    }
+}
