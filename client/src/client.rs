@@ -17,8 +17,9 @@ use crate::queue::{
     BatchOptions, DeadLetter, EnqueueOptions, Holder, InFlight, QueueOptions, QueueStats, Reaped,
 };
 
-/// Default time allowed for one request, connecting included
-/// ([`Client::with_timeout`] changes it).
+/// Default time allowed for one request once a connection is in hand
+/// ([`Client::with_timeout`] changes it). Connecting has its own budget,
+/// [`Connector::with_connect_timeout`](crate::Connector::with_connect_timeout).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A handle to pg_lease in one database: typed wrappers over every SQL
@@ -333,8 +334,11 @@ impl Client {
         }
     }
 
-    /// A clone that allows `timeout` per request (connecting included)
-    /// instead of [`DEFAULT_REQUEST_TIMEOUT`]. It shares the connection.
+    /// A clone that allows `timeout` per request instead of
+    /// [`DEFAULT_REQUEST_TIMEOUT`], not counting the time to (re)connect,
+    /// which the connector's own timeout bounds: a slow connect must not
+    /// eat the budget of a request that would then commit after the
+    /// client gave up on it. It shares the connection.
     pub fn with_timeout(&self, timeout: Duration) -> Client {
         Client {
             inner: Arc::clone(&self.inner),
@@ -404,14 +408,11 @@ impl Client {
         F: FnOnce(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
+        // Connecting is bounded by the connector's own timeout.
+        let conn = self.conn().await?;
         // A year stands in for "no timeout" and keeps the addition finite.
         let allowed = self.timeout.min(Duration::from_secs(365 * 24 * 3600));
-        let deadline = Instant::now() + allowed;
-        let conn = match tokio::time::timeout_at(deadline, self.conn()).await {
-            Ok(conn) => conn?,
-            Err(_) => return Err(Error::Timeout(self.timeout)),
-        };
-        match tokio::time::timeout_at(deadline, f(Arc::clone(&conn))).await {
+        match tokio::time::timeout(allowed, f(Arc::clone(&conn))).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
                 if e.is_connection() {

@@ -55,6 +55,7 @@ mod error;
 mod lease;
 mod queue;
 mod timing;
+mod transaction;
 mod worker;
 
 pub use client::{fence, fence_named, Client, DEFAULT_REQUEST_TIMEOUT};
@@ -65,6 +66,7 @@ pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, R
 pub use queue::{
     BatchOptions, DeadLetter, EnqueueOptions, Holder, InFlight, QueueOptions, QueueStats, Reaped,
 };
+pub use transaction::FencedTransaction;
 pub use worker::{
     BoxError, CancelReason, HandlerResult, Job, Summary, Worker, WorkerConfig, READY_CHANNEL,
 };

@@ -213,6 +213,7 @@ pub(super) fn register(
             cancel,
             reason,
             client: ctx.client.clone(),
+            pool: Arc::clone(&ctx.pool),
         },
     }
 }

@@ -37,8 +37,14 @@ pub struct WorkerConfig {
     /// passes, the job's cancellation token fires. Covers clock rate drift
     /// and the time the handler needs to notice. Default 5 s (ttl / 6).
     pub margin: Duration,
-    /// Time allowed for each claim, renewal or release request (connecting
-    /// included) before its connection is given up. Default 5 s (ttl / 6).
+    /// Time allowed for each claim or release request, once connected
+    /// (connecting has the connector's own budget,
+    /// [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT)), before
+    /// its connection is given up. A request given up on may still commit
+    /// (a claim then holds rows nobody runs until they expire), so it is
+    /// generous: default 5 s, and [`with_ttl`](WorkerConfig::with_ttl)
+    /// keeps it within 5–30 s. Heartbeats are given at most `renew_every`,
+    /// so that a hung one is replaced by the next tick.
     pub request_timeout: Duration,
     /// Claim at least this often when idle, whether or not a notification
     /// came (the fallback when `LISTEN` is off or unavailable, and the
@@ -85,13 +91,13 @@ impl WorkerConfig {
     }
 
     /// Sets `ttl`, and `renew_every` = ttl / 3, `margin` and
-    /// `request_timeout` = ttl / 6, `grace_period` = ttl: the proportions of
+    /// `request_timeout` = ttl / 6 within 5–30 s, `grace_period` = ttl: the proportions of
     /// the defaults. Set `grace_period` after this call to choose another.
     pub fn with_ttl(mut self, ttl: Duration) -> WorkerConfig {
         self.ttl = ttl;
         self.renew_every = ttl / 3;
         self.margin = ttl / 6;
-        self.request_timeout = ttl / 6;
+        self.request_timeout = (ttl / 6).clamp(Duration::from_secs(5), Duration::from_secs(30));
         self.grace_period = ttl;
         self
     }
@@ -147,6 +153,9 @@ mod tests {
         assert_eq!(c.margin, Duration::from_millis(500));
         // Failed on 3729e87: the grace period stayed 30 s whatever the ttl.
         assert_eq!(c.grace_period, Duration::from_secs(3));
+        // Failed on 3729e87: ttl / 6 = 500 ms, connecting included, gave up
+        // on claims that then committed on a loaded machine.
+        assert_eq!(c.request_timeout, Duration::from_secs(5));
         assert!(c.validate().is_ok());
         let mut bad = c.clone();
         bad.margin = bad.ttl;

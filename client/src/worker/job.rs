@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Client;
 use crate::error::Result;
 use crate::lease::{FencingToken, Lease, Outcome};
+use crate::transaction::{FencedTransaction, Pool};
 
 /// Why a job's cancellation token fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -30,14 +31,16 @@ pub enum CancelReason {
 
 /// One claimed row handed to the handler: payload, lease, and a
 /// cancellation token that fires when the handler should stop (see
-/// [`CancelReason`]).
-#[derive(Debug)]
+/// [`CancelReason`]). Clones share the token and the reason (e.g. a task
+/// that logs why the job was cancelled).
+#[derive(Clone, Debug)]
 pub struct Job {
     pub(super) lease: Lease,
     pub(super) payload: serde_json::Value,
     pub(super) cancel: CancellationToken,
     pub(super) reason: Arc<OnceLock<CancelReason>>,
     pub(super) client: Client,
+    pub(super) pool: Arc<Pool>,
 }
 
 impl Job {
@@ -99,6 +102,16 @@ impl Job {
     /// [`Client::fenced_update`] with this job's token.
     pub async fn fenced_update<P: Serialize + ?Sized>(&self, patch: &P) -> Result<()> {
         self.client.fenced_update(self.token(), patch).await
+    }
+
+    /// A transaction on a connection of the worker's own (a small pool, at
+    /// most `concurrency` idle), already fenced with this job's token: its
+    /// writes to your tables commit only while this lease is held
+    /// ([`FencedTransaction`]). [`Error::LeaseLost`](crate::Error::LeaseLost)
+    /// if it no longer is; [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// if the worker's client has no [`Connector`](crate::Connector).
+    pub async fn transaction(&self) -> Result<FencedTransaction> {
+        FencedTransaction::begin(&self.pool, self.token()).await
     }
 }
 

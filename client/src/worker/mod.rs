@@ -27,6 +27,7 @@ pub use job::{CancelReason, Job, Summary};
 use crate::client::Client;
 use crate::error::Result;
 use crate::lease::Outcome;
+use crate::transaction::Pool;
 use claim::{claim_loop, dispatcher};
 use heartbeat::renewer;
 use job::Counters;
@@ -168,8 +169,12 @@ impl Worker {
             heartbeat: self
                 .client
                 .separate(self.config.listen.then_some(self.config.owner.as_str()))
-                .with_timeout(timeout),
+                .with_timeout(timeout.min(self.config.renew_every)),
             client: self.client.with_timeout(timeout),
+            pool: Arc::new(Pool::new(
+                self.client.connector().cloned(),
+                self.config.concurrency,
+            )),
             config: self.config,
             handler: self.handler,
             slots: Mutex::new(HashMap::new()),
@@ -238,6 +243,8 @@ impl Worker {
 /// State shared by the worker's loops and its job tasks.
 struct Ctx {
     client: Client,
+    /// Connections for the handlers' [`Job::transaction`]s.
+    pool: Arc<Pool>,
     heartbeat: Client,
     config: WorkerConfig,
     handler: Arc<HandlerFn>,
