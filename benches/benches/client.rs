@@ -36,7 +36,7 @@ async fn claim(client: &Client, n: u64) -> Vec<Lease> {
     let mut leases = Vec::with_capacity(n as usize);
     while (leases.len() as u64) < n {
         let want = (n - leases.len() as u64).min(10_000) as u32;
-        let got = client.claim(QUEUE, want, TTL, OWNER).await.expect("claim");
+        let got = client.claim(want, TTL, OWNER, QUEUE).await.expect("claim");
         assert!(!got.is_empty(), "queue {QUEUE} ran dry");
         leases.extend(got.into_iter().map(|c| c.lease));
     }
@@ -76,7 +76,7 @@ fn client_calls(c: &mut Criterion) {
                     let mut leases = Vec::new();
                     let started = Instant::now();
                     for _ in 0..iters {
-                        let got = client.claim(QUEUE, batch, TTL, OWNER).await.expect("claim");
+                        let got = client.claim(batch, TTL, OWNER, QUEUE).await.expect("claim");
                         leases.extend(got.into_iter().map(|c| c.lease));
                     }
                     let elapsed = started.elapsed();

@@ -602,7 +602,7 @@ impl Bench {
                 let ttl = Duration::from_secs(30);
                 loop {
                     let claimed = client
-                        .claim("q", batch, ttl, &owner)
+                        .claim(batch, ttl, &owner, "q")
                         .await
                         .map_err(client_err)?;
                     match claimed.as_slice() {

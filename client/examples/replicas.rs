@@ -155,7 +155,7 @@ async fn orchestrate(conn: &str) -> Result<(), BoxError> {
 
     println!("\n1. A zombie claims a job with a 1 s lease and freezes for 2 s.");
     let zombie = admin
-        .claim(QUEUE, 1, Duration::from_secs(1), "zombie")
+        .claim(1, Duration::from_secs(1), "zombie", QUEUE)
         .await?
         .pop()
         .ok_or("no job for the zombie")?;

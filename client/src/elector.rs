@@ -342,6 +342,9 @@ async fn lead(client: &Client, cfg: &ElectorConfig, term: &Term, stop: &Cancella
         let bounded = client.with_timeout(cfg.request_timeout.min(deadline - sent));
         let renewal = tokio::select! {
             () = stop.cancelled() => return,
+            // The request's budget does not cover reconnecting: the term
+            // ends at its deadline whatever the request is doing.
+            () = tokio::time::sleep_until(deadline) => return,
             r = bounded.renew_named(&cfg.name, &cfg.owner, term.epoch, cfg.ttl) => r,
         };
         match renewal {

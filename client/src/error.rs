@@ -2,14 +2,23 @@
 
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
+
 /// SQLSTATE that `lease.fence` and `lease.fence_named` raise when the caller
 /// does not hold the lease.
 pub const LEASE_LOST_SQLSTATE: &str = "LE001";
 
 /// SQLSTATEs that pg_lease uses for bad input (README, "SQL reference"),
 /// plus PostgreSQL's own numeric and datetime range errors.
-const INVALID_INPUT_SQLSTATES: &[&str] = &[
-    "22004", "22023", "42704", "42809", "22P02", "22007", "22003", "22008",
+const INVALID_INPUT: &[SqlState] = &[
+    SqlState::NULL_VALUE_NOT_ALLOWED,
+    SqlState::INVALID_PARAMETER_VALUE,
+    SqlState::UNDEFINED_OBJECT,
+    SqlState::WRONG_OBJECT_TYPE,
+    SqlState::INVALID_TEXT_REPRESENTATION,
+    SqlState::INVALID_DATETIME_FORMAT,
+    SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+    SqlState::DATETIME_FIELD_OVERFLOW,
 ];
 
 /// Everything that can go wrong, in three families a caller usually treats
@@ -110,6 +119,24 @@ impl Error {
         )
     }
 
+    /// True when trying the same request again later may succeed: the
+    /// connection families, and server errors that say so (class 40
+    /// serialization failures and deadlocks, lock or statement timeouts,
+    /// class 53 resources). The [`Worker`](crate::Worker) retries these.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Connection(_) | Error::Timeout(_) => true,
+            Error::Database(e) => e.as_db_error().is_some_and(|db| {
+                let code = db.code();
+                code.code().starts_with("40")
+                    || code.code().starts_with("53")
+                    || *code == SqlState::LOCK_NOT_AVAILABLE
+                    || *code == SqlState::QUERY_CANCELED
+            }),
+            _ => false,
+        }
+    }
+
     /// The SQLSTATE the server sent, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -132,22 +159,23 @@ impl Error {
     /// Sorts a driver error into the families above.
     pub(crate) fn from_pg(e: tokio_postgres::Error) -> Error {
         if let Some(db) = e.as_db_error() {
-            let code = db.code().code();
-            if INVALID_INPUT_SQLSTATES.contains(&code) {
+            let code = db.code();
+            if INVALID_INPUT.contains(code) {
                 return Error::InvalidInput {
-                    code: code.to_owned(),
+                    code: code.code().to_owned(),
                     message: db.message().to_owned(),
                 };
             }
-            if code == "42501" {
+            if *code == SqlState::INSUFFICIENT_PRIVILEGE {
                 return Error::PermissionDenied(db.message().to_owned());
             }
             // Class 08 connection exceptions, 57P admin/crash shutdown,
-            // 53300 too many connections, class 28 authorization.
-            if code.starts_with("08")
-                || code.starts_with("57P")
-                || code.starts_with("28")
-                || code == "53300"
+            // class 28 authorization, too many connections.
+            let class = code.code();
+            if class.starts_with("08")
+                || class.starts_with("57P")
+                || class.starts_with("28")
+                || *code == SqlState::TOO_MANY_CONNECTIONS
             {
                 return Error::Connection(e);
             }
@@ -218,7 +246,13 @@ mod tests {
         let timeout = Error::Timeout(Duration::from_secs(1));
         assert!(timeout.is_connection() && !timeout.is_lease_lost());
         let bad = Error::invalid("limit must be at least 1");
-        assert!(bad.is_invalid_input() && !bad.is_connection());
+        assert!(bad.is_invalid_input() && !bad.is_connection() && !bad.is_transient());
         assert_eq!(bad.sqlstate(), None);
+        assert!(timeout.is_transient());
+        // A batch answer that does not match its input is Protocol, which
+        // the Worker retries; on 3729e87 release_and_claim reported it as
+        // invalid input, and the Worker gave those leases up.
+        let mismatch = Error::Protocol("batch answer does not match".into());
+        assert!(!mismatch.is_invalid_input());
     }
 }

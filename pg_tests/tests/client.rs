@@ -207,7 +207,7 @@ async fn client_wrappers_follow_the_sql_reference() {
     // Claim: at most the limit, payloads and lease fields, delayed row not
     // claimable.
     let claimed = c
-        .claim("api", 10, secs(30), "owner-1")
+        .claim(10, secs(30), "owner-1", "api")
         .await
         .expect("claim");
     let ids: Vec<i64> = claimed.iter().map(|x| x.lease.id()).collect();
@@ -402,7 +402,7 @@ async fn client_wrappers_follow_the_sql_reference() {
     // A zombie: its lease expired and was reaped; every write is refused.
     c.enqueue("api", &json!({"n": 5})).await.expect("enqueue");
     let z = c
-        .claim("api", 1, ms(300), "zombie")
+        .claim(1, ms(300), "zombie", "api")
         .await
         .expect("claim")
         .pop()
@@ -410,7 +410,7 @@ async fn client_wrappers_follow_the_sql_reference() {
     sleep(ms(400)).await;
     assert!(!c.reap(100).await.expect("reap").is_empty());
     let y = c
-        .claim("api", 1, secs(30), "heir")
+        .claim(1, secs(30), "heir", "api")
         .await
         .expect("claim")
         .pop()
@@ -441,17 +441,17 @@ async fn client_wrappers_follow_the_sql_reference() {
         Err(Error::InvalidInput { code: got, .. }) => assert_eq!(got, code),
         other => panic!("expected invalid input {code}, got {other:?}"),
     };
-    bad(c.claim("api", 0, secs(1), "o").await.map(drop), "22023");
-    bad(c.claim("nope", 1, secs(1), "o").await.map(drop), "42704");
+    bad(c.claim(0, secs(1), "o", "api").await.map(drop), "22023");
+    bad(c.claim(1, secs(1), "o", "nope").await.map(drop), "42704");
     bad(
-        c.claim("api", 1, Duration::ZERO, "o").await.map(drop),
+        c.claim(1, Duration::ZERO, "o", "api").await.map(drop),
         "22023",
     );
-    bad(c.claim("api", 1, secs(1), "").await.map(drop), "22023");
+    bad(c.claim(1, secs(1), "", "api").await.map(drop), "22023");
     bad(c.enqueue("nope", &json!({})).await.map(drop), "42704");
     bad(c.fenced_update(y.lease.token(), &json!([1])).await, "22023");
     let err = c
-        .claim("api", 1, Duration::MAX, "o")
+        .claim(1, Duration::MAX, "o", "api")
         .await
         .expect_err("huge ttl");
     assert!(
@@ -471,7 +471,7 @@ async fn client_wrappers_follow_the_sql_reference() {
     .await
     .expect("connect as outsider");
     let err = outsider
-        .claim("api", 1, secs(1), "o")
+        .claim(1, secs(1), "o", "api")
         .await
         .expect_err("no grant");
     assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
@@ -742,7 +742,7 @@ async fn a_dropped_worker_future_abandons_its_leases() {
         );
     }
     let again = c
-        .claim("dropped", 10, secs(60), "other")
+        .claim(10, secs(60), "other", "dropped")
         .await
         .expect("claim");
     assert_eq!(again.len(), 2, "claimable at once by another owner");

@@ -68,7 +68,7 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
         CancelResult::NotFound
     );
     let claimed = admin
-        .claim("jobs", 1, Duration::from_secs(60), "a")
+        .claim(1, Duration::from_secs(60), "a", "jobs")
         .await
         .expect("claim");
     let job = claimed.first().expect("one");
@@ -81,7 +81,7 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
     assert!(!admin.requeue(id).await.expect("not dead any more"));
     assert_eq!(
         admin
-            .claim("jobs", 1, Duration::from_secs(60), "b")
+            .claim(1, Duration::from_secs(60), "b", "jobs")
             .await
             .expect("claim")
             .len(),

@@ -35,7 +35,7 @@ async fn a_slow_reconnect_does_not_eat_the_request_budget() {
     proxy.pause();
     let claim = {
         let client = client.clone();
-        tokio::spawn(async move { client.claim("q", 1, Duration::from_secs(30), "w").await })
+        tokio::spawn(async move { client.claim(1, Duration::from_secs(30), "w", "q").await })
     };
     tokio::time::sleep(Duration::from_millis(600)).await;
     proxy.resume();

@@ -57,11 +57,11 @@ pub(super) async fn claim_loop(
         let limit = u32::try_from(asked).unwrap_or(1);
         let claimed = if reclaiming {
             ctx.client
-                .reclaim_own(&cfg.queue, limit, cfg.ttl, &cfg.owner)
+                .reclaim_own(limit, cfg.ttl, &cfg.owner, &cfg.queue)
                 .await
         } else {
             ctx.client
-                .claim(&cfg.queue, limit, cfg.ttl, &cfg.owner)
+                .claim(limit, cfg.ttl, &cfg.owner, &cfg.queue)
                 .await
         };
         match claimed {

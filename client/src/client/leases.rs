@@ -1,0 +1,317 @@
+//! Claims and the leases on queue rows: claim, renew, release, fenced writes, and `fence`
+//! for the caller's own transactions.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+
+use super::rows::{check_order, claimed_from, col, micros, renewal_from_row, split};
+use super::statements::Query;
+use super::Client;
+use crate::error::{Error, Result};
+use crate::lease::{Claimed, FencingToken, Lease, Outcome, Renewal};
+
+impl Client {
+    /// `lease.claim_pending`: leases up to `limit` claimable rows of `queue`
+    /// to `owner` for `ttl` (the arguments in the SQL function's order).
+    ///
+    /// Each [`Lease`] records the instant this request was sent, before any
+    /// connecting: the lease cannot be held past that instant plus `ttl`
+    /// ([`Lease::local_expiry`]), whatever the network did.
+    pub async fn claim(
+        &self,
+        limit: u32,
+        ttl: Duration,
+        owner: &str,
+        queue: &str,
+    ) -> Result<Vec<Claimed>> {
+        self.lease_rows(Query::Claim, limit, ttl, owner, queue)
+            .await
+    }
+
+    /// `lease.reclaim_own`: for a process restarted under a stable `owner`
+    /// name, leases again (under new epochs, for `ttl`) up to `limit` rows
+    /// of `queue` that its earlier incarnation still holds, so that work
+    /// resumes at once instead of after the old leases expire. Call it at
+    /// start-up, before claiming: it would re-issue this incarnation's own
+    /// leases too.
+    pub async fn reclaim_own(
+        &self,
+        limit: u32,
+        ttl: Duration,
+        owner: &str,
+        queue: &str,
+    ) -> Result<Vec<Claimed>> {
+        self.lease_rows(Query::Reclaim, limit, ttl, owner, queue)
+            .await
+    }
+
+    /// Runs a claim-shaped query (`claim_pending`, `reclaim_own`).
+    async fn lease_rows(
+        &self,
+        query: Query,
+        limit: u32,
+        ttl: Duration,
+        owner: &str,
+        queue: &str,
+    ) -> Result<Vec<Claimed>> {
+        let limit_sql = i32::try_from(limit)
+            .map_err(|_| Error::invalid(format!("limit {limit} is out of range")))?;
+        let ttl_us = micros(ttl, "ttl")?;
+        let sent = Instant::now();
+        let rows = self
+            .call(|c| async move { c.query(query, &[&limit_sql, &ttl_us, &owner, &queue]).await })
+            .await?;
+        rows.iter()
+            .map(|row| claimed_from(row, 0, owner, sent, ttl))
+            .collect()
+    }
+
+    /// `lease.renew`: extends `lease` to now + `ttl` (database clock).
+    /// [`Error::LeaseLost`] if it is no longer held. Check
+    /// [`Renewal::cancel_requested`]: if set, stop and release.
+    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
+        let ttl_us = micros(ttl, "ttl")?;
+        let (id, epoch, owner) = (lease.id, lease.epoch, lease.owner.as_str());
+        let row = self
+            .call(|c| async move {
+                c.query_one(Query::Renew, &[&id, &owner, &epoch, &ttl_us])
+                    .await
+            })
+            .await?;
+        let renewal = renewal_from_row(&row)?;
+        if !renewal.held {
+            return Err(Error::LeaseLost { id, epoch });
+        }
+        Ok(renewal)
+    }
+
+    /// `lease.renew_batch`: one heartbeat for many leases of `owner`; one
+    /// [`Renewal`] per token, in input order. A lost lease is reported as
+    /// `held: false`, not as an error.
+    pub async fn renew_batch(
+        &self,
+        owner: &str,
+        tokens: &[FencingToken],
+        ttl: Duration,
+    ) -> Result<Vec<Renewal>> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ttl_us = micros(ttl, "ttl")?;
+        let (ids, epochs) = split(tokens);
+        let (ids, epochs) = (&ids, &epochs);
+        let rows = self
+            .call(|c| async move {
+                c.query(Query::RenewBatch, &[ids, &owner, epochs, &ttl_us])
+                    .await
+            })
+            .await?;
+        let renewals = rows
+            .iter()
+            .map(renewal_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        check_order(tokens, renewals.iter().map(|r| r.id))?;
+        Ok(renewals)
+    }
+
+    /// `lease.release`: ends `lease` with `outcome`.
+    /// [`Error::LeaseLost`] (and nothing changed) if it was no longer held.
+    pub async fn release(&self, lease: &Lease, outcome: &Outcome) -> Result<()> {
+        let token = lease.token();
+        if self.release_token(&lease.owner, token, outcome).await? {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                id: token.id,
+                epoch: token.epoch,
+            })
+        }
+    }
+
+    /// `lease.release` by token: `Ok(false)` if the lease was lost.
+    pub(crate) async fn release_token(
+        &self,
+        owner: &str,
+        token: FencingToken,
+        outcome: &Outcome,
+    ) -> Result<bool> {
+        if *outcome == Outcome::Finished {
+            return Ok(true);
+        }
+        let delay = outcome.delay().map(|d| micros(d, "delay")).transpose()?;
+        let name = outcome.as_sql();
+        let error = outcome.error();
+        let (id, epoch) = (token.id, token.epoch);
+        self.call(|c| async move {
+            let row = c
+                .query_one(
+                    Query::Release,
+                    &[&id, &owner, &epoch, &name, &delay, &error],
+                )
+                .await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
+    /// `lease.release_batch`: ends many leases of `owner` with one outcome
+    /// in one statement (batched completions). One `bool` per token, in
+    /// input order: `false` means that lease was lost.
+    pub async fn release_batch(
+        &self,
+        owner: &str,
+        tokens: &[FencingToken],
+        outcome: &Outcome,
+    ) -> Result<Vec<bool>> {
+        if *outcome == Outcome::Finished {
+            return Ok(vec![true; tokens.len()]);
+        }
+        let delay = outcome.delay().map(|d| micros(d, "delay")).transpose()?;
+        let name = outcome.as_sql();
+        let error = outcome.error();
+        let (ids, epochs) = split(tokens);
+        let (ids, epochs) = (&ids, &epochs);
+        let rows = self
+            .call(|c| async move {
+                c.query(
+                    Query::ReleaseBatch,
+                    &[ids, &owner, epochs, &name, &delay, &error],
+                )
+                .await
+            })
+            .await?;
+        let mut released = Vec::with_capacity(rows.len());
+        let mut seen = Vec::with_capacity(rows.len());
+        for row in &rows {
+            seen.push(col::<i64>(row, 0)?);
+            released.push(col::<bool>(row, 1)?);
+        }
+        check_order(tokens, seen.into_iter())?;
+        Ok(released)
+    }
+
+    /// `lease.release_and_claim`: records the leases of `owner` in
+    /// `tokens` as done and claims up to `limit` rows of `queue` for `ttl`,
+    /// in one statement and one commit (a worker refilling the slots its
+    /// finished jobs freed). Returns one `bool` per token, in order
+    /// (`false`: that lease was lost), and the claimed rows.
+    pub async fn release_and_claim(
+        &self,
+        owner: &str,
+        tokens: &[FencingToken],
+        queue: &str,
+        limit: u32,
+        ttl: Duration,
+    ) -> Result<(Vec<bool>, Vec<Claimed>)> {
+        let limit_sql = i32::try_from(limit)
+            .map_err(|_| Error::invalid(format!("limit {limit} is out of range")))?;
+        let ttl_us = micros(ttl, "ttl")?;
+        let (ids, epochs) = split(tokens);
+        let (ids, epochs) = (&ids, &epochs);
+        let sent = Instant::now();
+        let rows = self
+            .call(|c| async move {
+                c.query(
+                    Query::ReleaseAndClaim,
+                    &[ids, &owner, epochs, &limit_sql, &ttl_us, &queue],
+                )
+                .await
+            })
+            .await?;
+        let mut released = Vec::with_capacity(tokens.len());
+        let mut claimed = Vec::new();
+        for row in &rows {
+            match col::<Option<bool>>(row, 0)? {
+                Some(ok) => released.push(ok),
+                None => claimed.push(claimed_from(row, 1, owner, sent, ttl)?),
+            }
+        }
+        if released.len() != tokens.len() {
+            return Err(Error::Protocol(format!(
+                "release_and_claim answered {} of {} releases",
+                released.len(),
+                tokens.len()
+            )));
+        }
+        Ok((released, claimed))
+    }
+
+    /// `lease.fenced_update`: merges `patch` (must serialize to a JSON
+    /// object) into the row's payload, only while `token` is the current
+    /// lease. [`Error::LeaseLost`] otherwise.
+    pub async fn fenced_update<P: Serialize + ?Sized>(
+        &self,
+        token: FencingToken,
+        patch: &P,
+    ) -> Result<()> {
+        let patch = serde_json::to_value(patch)?;
+        let patch = &patch;
+        let (id, epoch) = (token.id, token.epoch);
+        let applied: bool = self
+            .call(|c| async move {
+                let row = c
+                    .query_one(Query::FencedUpdate, &[&id, &epoch, patch])
+                    .await?;
+                col(&row, 0)
+            })
+            .await?;
+        if applied {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost { id, epoch })
+        }
+    }
+}
+
+/// `lease.fence(id, epoch)` inside *your* transaction: call it first, then
+/// write your own tables. It returns the lease's end (database clock) while
+/// `token` is the current lease, and keeps the row locked until your
+/// transaction ends, so no takeover is ordered before your writes commit.
+/// [`Error::LeaseLost`] (SQLSTATE `LE001`) otherwise: roll back.
+///
+/// `tx` is anything tokio-postgres can query on, normally a
+/// `tokio_postgres::Transaction`. The statement is sent unnamed (one round
+/// trip, no prepared statement left on your connection).
+///
+/// ```no_run
+/// # async fn example(pg: &mut tokio_postgres::Client, token: pg_lease_client::FencingToken)
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let tx = pg.transaction().await?;
+/// pg_lease_client::fence(&tx, token).await?; // LeaseLost: the transaction rolls back on drop
+/// tx.execute("UPDATE invoices SET sent = true WHERE id = $1", &[&9_i64]).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn fence<C: GenericClient + Sync>(tx: &C, token: FencingToken) -> Result<SystemTime> {
+    let (id, epoch) = (token.id, token.epoch);
+    let row = tx
+        .query_typed_one(
+            "SELECT lease.fence($1, $2)",
+            &[(&id, Type::INT8), (&epoch, Type::INT8)],
+        )
+        .await
+        .map_err(|e| Error::from_pg_fenced(e, id, epoch))?;
+    col(&row, 0)
+}
+
+/// `lease.fence_named(name, epoch)` inside the leader's transaction: like
+/// [`fence`], for a named lease. [`Error::NamedLeaseLost`] (SQLSTATE
+/// `LE001`) when `epoch` no longer holds `name`: roll back.
+pub async fn fence_named<C: GenericClient + Sync>(
+    tx: &C,
+    name: &str,
+    epoch: i64,
+) -> Result<SystemTime> {
+    let row = tx
+        .query_typed_one(
+            "SELECT lease.fence_named($1, $2)",
+            &[(&name, Type::TEXT), (&epoch, Type::INT8)],
+        )
+        .await
+        .map_err(|e| Error::from_pg_named(e, name, epoch))?;
+    col(&row, 0)
+}

@@ -1,0 +1,156 @@
+//! Queues and their rows: create and drop queues, enqueue, cancel, requeue, grants.
+
+use serde::Serialize;
+
+use super::rows::{cancel_result, col, micros};
+use super::statements::Query;
+use super::Client;
+use crate::error::Result;
+use crate::lease::CancelResult;
+use crate::queue::{BatchOptions, EnqueueOptions, QueueOptions};
+
+impl Client {
+    /// `lease.create_queue`: creates queue `name` or updates its policy (so
+    /// every replica may call it at start). Needs `lease_admin`.
+    pub async fn create_queue(&self, name: &str, options: &QueueOptions) -> Result<()> {
+        let base = micros(options.backoff_base, "backoff_base")?;
+        let max = micros(options.backoff_max, "backoff_max")?;
+        let retention = micros(options.retention, "retention")?;
+        let dead = micros(options.dead_retention, "dead_retention")?;
+        let attempts = options.max_attempts;
+        self.call(|c| async move {
+            c.query(
+                Query::CreateQueue,
+                &[&name, &attempts, &base, &max, &retention, &dead],
+            )
+            .await
+            .map(drop)
+        })
+        .await
+    }
+
+    /// `lease.drop_queue`: deletes queue `name` and its rows, returning how
+    /// many rows went. Refused (SQLSTATE `55006`, [`Error::Database`]) while
+    /// rows are pending or leased unless `force`. Needs `lease_admin`.
+    pub async fn drop_queue(&self, name: &str, force: bool) -> Result<i64> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::DropQueue, &[&name, &force]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
+    /// `lease.enqueue` with default options: adds `payload` to `queue`,
+    /// claimable at once, and returns the row id.
+    pub async fn enqueue<P: Serialize + ?Sized>(&self, queue: &str, payload: &P) -> Result<i64> {
+        self.enqueue_with(queue, payload, &EnqueueOptions::default())
+            .await
+    }
+
+    /// `lease.enqueue` with a key (idempotent on `(queue, key)`), a delay
+    /// and a priority.
+    pub async fn enqueue_with<P: Serialize + ?Sized>(
+        &self,
+        queue: &str,
+        payload: &P,
+        options: &EnqueueOptions,
+    ) -> Result<i64> {
+        let payload = serde_json::to_value(payload)?;
+        let delay = options.delay.map(|d| micros(d, "delay")).transpose()?;
+        let key = options.key.as_deref();
+        let priority = options.priority;
+        let payload = &payload;
+        self.call(|c| async move {
+            let row = c
+                .query_one(Query::Enqueue, &[&queue, payload, &key, &delay, &priority])
+                .await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
+    /// `lease.enqueue_batch`: adds many rows in one statement and returns
+    /// their ids in input order.
+    pub async fn enqueue_batch<P: Serialize>(
+        &self,
+        queue: &str,
+        payloads: &[P],
+        options: &BatchOptions,
+    ) -> Result<Vec<i64>> {
+        let payloads = payloads
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        let delay = options.delay.map(|d| micros(d, "delay")).transpose()?;
+        let keys = options.keys.as_ref();
+        let priority = options.priority;
+        let payloads = &payloads;
+        self.call(|c| async move {
+            let rows = c
+                .query(
+                    Query::EnqueueBatch,
+                    &[&queue, payloads, &keys, &delay, &priority],
+                )
+                .await?;
+            rows.iter().map(|r| col(r, 0)).collect()
+        })
+        .await
+    }
+
+    /// `lease.cancel`: a pending row is cancelled at once; a leased row is
+    /// marked and its owner told on its next renewal.
+    pub async fn cancel(&self, id: i64) -> Result<CancelResult> {
+        let state: Option<String> = self
+            .call(|c| async move {
+                let row = c.query_one(Query::Cancel, &[&id]).await?;
+                col(&row, 0)
+            })
+            .await?;
+        cancel_result(state)
+    }
+
+    /// `lease.cancel_key`: [`cancel`](Client::cancel) for the row of
+    /// `queue` with `key` (an attached table's row: its primary key as
+    /// text), when the id is not known.
+    pub async fn cancel_key(&self, queue: &str, key: &str) -> Result<CancelResult> {
+        let state: Option<String> = self
+            .call(|c| async move {
+                let row = c.query_one(Query::CancelKey, &[&queue, &key]).await?;
+                col(&row, 0)
+            })
+            .await?;
+        cancel_result(state)
+    }
+
+    /// `lease.requeue`: a dead letter back to pending, claimable now, its
+    /// attempts reset. `false` if the row is not dead. Needs `lease_admin`.
+    pub async fn requeue(&self, id: i64) -> Result<bool> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::Requeue, &[&id]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
+    /// `lease.grant`: gives `role` the right to work `queue` and/or to
+    /// produce into it; the first grant restricts the queue to its grantees
+    /// and `lease_admin`. Needs `lease_admin`.
+    pub async fn grant(&self, queue: &str, role: &str, work: bool, produce: bool) -> Result<()> {
+        self.call(|c| async move {
+            c.query(Query::Grant, &[&queue, &role, &work, &produce])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// `lease.revoke`: removes `role`'s grant on `queue` (which stays
+    /// restricted); whether there was one. Needs `lease_admin`.
+    pub async fn revoke(&self, queue: &str, role: &str) -> Result<bool> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::Revoke, &[&queue, &role]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+}

@@ -1,0 +1,199 @@
+//! The client's SQL: one prepared statement per call, each naming the
+//! function's arguments (`limit => $1`), so that a statement reads like the
+//! SQL reference and an argument can never land in the wrong position.
+//! Durations travel as microseconds (`bigint`): tokio-postgres has no
+//! `interval` mapping, and the server builds the interval, so no client
+//! clock is involved.
+
+/// The prepared statements, by name.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Query {
+    Enqueue,
+    EnqueueBatch,
+    Claim,
+    Reclaim,
+    Renew,
+    RenewBatch,
+    Release,
+    ReleaseBatch,
+    ReleaseAndClaim,
+    FencedUpdate,
+    Cancel,
+    TryAcquire,
+    RenewNamed,
+    ReleaseNamed,
+    CreateQueue,
+    DropQueue,
+    Reap,
+    Purge,
+    QueueStats,
+    InFlight,
+    Holders,
+    CancelKey,
+    Requeue,
+    ReleaseNamedMany,
+    Grant,
+    Revoke,
+    DeadLetters,
+}
+
+/// `$n` microseconds from now by the database clock, or NULL.
+macro_rules! at_or_null {
+    ($n:literal) => {
+        concat!(
+            "CASE WHEN $",
+            $n,
+            "::bigint IS NULL THEN NULL ELSE clock_timestamp() + $",
+            $n,
+            "::bigint * interval '1 microsecond' END"
+        )
+    };
+}
+
+/// `$n` microseconds as an interval.
+macro_rules! micros {
+    ($n:literal) => {
+        concat!("$", $n, "::bigint * interval '1 microsecond'")
+    };
+}
+
+/// An interval column as microseconds.
+macro_rules! as_micros {
+    ($col:literal) => {
+        concat!("(extract(epoch FROM ", $col, ") * 1000000)::bigint")
+    };
+}
+
+impl Query {
+    /// How many statements there are (one prepared-statement slot each).
+    pub(super) const COUNT: usize = Query::DeadLetters as usize + 1;
+
+    /// The statement's SQL.
+    pub(super) fn sql(self) -> &'static str {
+        use Query as S;
+        match self {
+            S::Enqueue => concat!(
+                "SELECT lease.enqueue(queue => $1::text, payload => $2::jsonb, key => $3::text, run_at => ",
+                at_or_null!("4"),
+                ", priority => $5::int)"
+            ),
+            S::EnqueueBatch => concat!(
+                "SELECT e.id FROM lease.enqueue_batch(queue => $1::text, payloads => $2::jsonb[], ",
+                "keys => $3::text[], run_at => ",
+                at_or_null!("4"),
+                ", priority => $5::int) WITH ORDINALITY AS e(id, ord) ORDER BY e.ord"
+            ),
+            S::Claim => concat!(
+                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until ",
+                "FROM lease.claim_pending(\"limit\" => $1::int, ttl => ",
+                micros!("2"),
+                ", owner => $3::text, queue => $4::text) AS c"
+            ),
+            S::Reclaim => concat!(
+                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until ",
+                "FROM lease.reclaim_own(\"limit\" => $1::int, ttl => ",
+                micros!("2"),
+                ", owner => $3::text, queue => $4::text) AS c"
+            ),
+            S::Renew => concat!(
+                "SELECT r.id, r.held, r.lease_until, r.cancel_requested ",
+                "FROM lease.renew(id => $1::bigint, owner => $2::text, epoch => $3::bigint, ttl => ",
+                micros!("4"),
+                ") AS r"
+            ),
+            S::RenewBatch => concat!(
+                "SELECT r.id, r.held, r.lease_until, r.cancel_requested ",
+                "FROM lease.renew_batch(ids => $1::bigint[], owner => $2::text, epochs => $3::bigint[], ttl => ",
+                micros!("4"),
+                ") WITH ORDINALITY AS r(id, held, lease_until, cancel_requested, ord) ORDER BY r.ord"
+            ),
+            S::Release => concat!(
+                "SELECT lease.release(id => $1::bigint, owner => $2::text, epoch => $3::bigint, ",
+                "outcome => $4::text, retry_at => ",
+                at_or_null!("5"),
+                ", error => $6::text)"
+            ),
+            S::ReleaseBatch => concat!(
+                "SELECT r.id, r.released FROM lease.release_batch(ids => $1::bigint[], owner => $2::text, ",
+                "epochs => $3::bigint[], outcome => $4::text, retry_at => ",
+                at_or_null!("5"),
+                ", error => $6::text) WITH ORDINALITY AS r(id, released, ord) ORDER BY r.ord"
+            ),
+            S::ReleaseAndClaim => concat!(
+                "SELECT r.released, r.id, $6::text, r.key, r.payload, r.epoch, r.attempt, r.lease_until ",
+                "FROM lease.release_and_claim(ids => $1::bigint[], owner => $2::text, epochs => $3::bigint[], ",
+                "\"limit\" => $4::int, ttl => ",
+                micros!("5"),
+                ", queue => $6::text) ",
+                "WITH ORDINALITY AS r(released, id, key, payload, epoch, attempt, lease_until, ord) ",
+                "ORDER BY r.ord"
+            ),
+            S::FencedUpdate => {
+                "SELECT lease.fenced_update(id => $1::bigint, epoch => $2::bigint, patch => $3::jsonb)"
+            }
+            S::Cancel => "SELECT lease.cancel(id => $1::bigint)",
+            S::TryAcquire => concat!(
+                "SELECT lease.try_acquire(name => $1::text, owner => $2::text, ttl => ",
+                micros!("3"),
+                ")"
+            ),
+            S::RenewNamed => concat!(
+                "SELECT lease.renew_named(name => $1::text, owner => $2::text, epoch => $3::bigint, ttl => ",
+                micros!("4"),
+                ")"
+            ),
+            S::ReleaseNamed => {
+                "SELECT lease.release_named(name => $1::text, owner => $2::text, epoch => $3::bigint)"
+            }
+            S::CreateQueue => concat!(
+                "SELECT lease.create_queue(name => $1::text, max_attempts => $2::int, backoff_base => ",
+                micros!("3"),
+                ", backoff_max => ",
+                micros!("4"),
+                ", retention => ",
+                micros!("5"),
+                ", dead_retention => ",
+                micros!("6"),
+                ")"
+            ),
+            S::DropQueue => "SELECT lease.drop_queue(name => $1::text, force => $2::boolean)",
+            S::Reap => concat!(
+                "SELECT r.queue, r.requeued, r.dead, r.cancelled ",
+                "FROM lease.reap(max_rows => $1::int) AS r"
+            ),
+            S::Purge => "SELECT lease.purge(max_rows => $1::int)",
+            S::QueueStats => concat!(
+                "SELECT queue, pending, ready, leased, expired, done, dead, cancelled, ",
+                as_micros!("oldest_ready_age"),
+                ", recovered_total FROM lease.queue_stats ORDER BY queue"
+            ),
+            S::InFlight => concat!(
+                "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
+                as_micros!("remaining"),
+                ", cancel_requested FROM lease.in_flight ",
+                "WHERE $1::text IS NULL OR queue = $1::text ORDER BY id"
+            ),
+            S::Holders => concat!(
+                "SELECT name, owner, epoch, acquired_at, lease_until, ",
+                as_micros!("remaining"),
+                " FROM lease.holders ORDER BY name"
+            ),
+            S::CancelKey => "SELECT lease.cancel_key(queue => $1::text, key => $2::text)",
+            S::Requeue => "SELECT lease.requeue(id => $1::bigint)",
+            S::ReleaseNamedMany => concat!(
+                "SELECT name, released FROM lease.release_named(names => $1::text[], owner => $2::text, ",
+                "epochs => $3::bigint[])"
+            ),
+            S::Grant => concat!(
+                "SELECT lease.grant(queue => $1::text, role => $2::text::regrole, ",
+                "work => $3::boolean, produce => $4::boolean)"
+            ),
+            S::Revoke => "SELECT lease.revoke(queue => $1::text, role => $2::text::regrole)",
+            S::DeadLetters => concat!(
+                "SELECT id, queue, key, payload, attempt, last_error, finished_at ",
+                "FROM lease.dead_letters WHERE $1::text IS NULL OR queue = $1::text ",
+                "ORDER BY id LIMIT $2::bigint"
+            ),
+        }
+    }
+}
