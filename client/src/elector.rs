@@ -302,17 +302,25 @@ async fn contend(
             () = stop.cancelled() => return,
             r = requests.try_acquire(&cfg.name, &cfg.owner, cfg.ttl) => r,
         };
+        if let Err(e) = &acquired {
+            tracing::warn!(name = %cfg.name, error = %e, retry_in = ?cfg.retry_every, "could not contend for leadership");
+        }
         if let Ok(Some(epoch)) = acquired {
             let term = Term::new(epoch, sent + cfg.confirmed_for());
+            tracing::info!(name = %cfg.name, owner = %cfg.owner, epoch, "leading");
             publish(Some(&term));
             lead(&client, &cfg, &term, &stop).await;
             term.ended.cancel();
+            tracing::info!(name = %cfg.name, owner = %cfg.owner, epoch, "stepped down");
             publish(None);
             if stop.is_cancelled() {
                 if Instant::now() < term.deadline() {
-                    let _ = requests
+                    if let Err(e) = requests
                         .release_named(&cfg.name, &cfg.owner, term.epoch)
-                        .await;
+                        .await
+                    {
+                        tracing::warn!(name = %cfg.name, error = %e, "release on stop failed; the lease expires");
+                    }
                 }
                 return;
             }
@@ -352,8 +360,12 @@ async fn lead(client: &Client, cfg: &ElectorConfig, term: &Term, stop: &Cancella
                 term.extend(sent + cfg.confirmed_for());
                 next_renewal = sent + cfg.renew_every;
             }
-            Err(e) if e.is_lease_lost() => return,
-            Err(_) => {
+            Err(e) if e.is_lease_lost() => {
+                tracing::warn!(name = %cfg.name, epoch = term.epoch, "leadership lost");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(name = %cfg.name, epoch = term.epoch, error = %e, "renewal failed");
                 next_renewal =
                     Instant::now() + (cfg.renew_every / 4).max(Duration::from_millis(20));
             }

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::job::{CancelReason, Counters, Job};
 use super::release::Held;
@@ -68,6 +69,11 @@ pub(super) async fn claim_loop(
             Ok(rows) => {
                 backoff.reset();
                 let got = rows.len();
+                if reclaiming {
+                    tracing::info!(queue = %cfg.queue, owner = %cfg.owner, reclaimed = got, "took back this owner's leases");
+                } else if got > 0 {
+                    tracing::debug!(queue = %cfg.queue, claimed = got, asked, "claimed");
+                }
                 for claimed in rows {
                     Counters::add(&ctx.counters.claimed);
                     let permit = match permits.pop() {
@@ -98,13 +104,18 @@ pub(super) async fn claim_loop(
                     }
                 }
             }
-            Err(e) if e.is_invalid_input() => return Err(e),
-            Err(_) => {
+            Err(e) if e.is_invalid_input() => {
+                tracing::error!(queue = %cfg.queue, error = %e, "claim refused; the worker stops");
+                return Err(e);
+            }
+            Err(e) => {
+                let delay = backoff.next();
+                tracing::warn!(queue = %cfg.queue, error = %e, retry_in = ?delay, "claim failed");
                 drop(permits);
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => return Ok(()),
-                    () = tokio::time::sleep(backoff.next()) => {}
+                    () = tokio::time::sleep(delay) => {}
                 }
             }
         }
@@ -227,7 +238,23 @@ pub(super) async fn run_job(
     releases: mpsc::UnboundedSender<Held>,
 ) {
     let Ready { mut held, job } = ready;
-    held.outcome = supervise(&ctx, job, held.deadline.clone()).await;
+    let lease = &held.lease;
+    let span = tracing::info_span!(
+        "job",
+        queue = %lease.queue,
+        id = lease.id,
+        epoch = lease.epoch,
+        attempt = lease.attempt,
+        owner = %lease.owner,
+        attempt_id = %job.attempt_id(),
+    );
+    let started = Instant::now();
+    held.outcome = supervise(&ctx, job, held.deadline.clone())
+        .instrument(span.clone())
+        .await;
+    span.in_scope(|| {
+        tracing::debug!(outcome = held.outcome.as_sql(), took = ?started.elapsed(), "handler returned");
+    });
     // The slot is free once the handler is done: the lease stays held (and
     // renewed) until the releaser has recorded the outcome, which it does
     // for many jobs at once, several batches in flight.
@@ -250,7 +277,9 @@ pub(super) async fn supervise(
         Ok(fut) => fut,
         Err(panic) => {
             Counters::add(&ctx.counters.panicked);
-            return Outcome::retry(panic_text(panic.as_ref()));
+            let text = panic_text(panic.as_ref());
+            tracing::error!(panic = %text, "handler panicked");
+            return Outcome::retry(text);
         }
     };
     let mut fut = std::pin::pin!(AssertUnwindSafe(fut).catch_unwind());
@@ -263,17 +292,24 @@ pub(super) async fn supervise(
                     Ok(Ok(outcome)) => outcome,
                     // A payload that does not deserialize never will.
                     Ok(Err(error)) if matches!(error.downcast_ref::<Error>(), Some(Error::Payload(_))) => {
+                        tracing::warn!(error = %error, "payload does not deserialize: dead letter");
                         Outcome::fail(format!("handler failed: {error}"))
                     }
-                    Ok(Err(error)) => Outcome::retry(format!("handler failed: {error}")),
+                    Ok(Err(error)) => {
+                        tracing::info!(error = %error, "handler failed: retry");
+                        Outcome::retry(format!("handler failed: {error}"))
+                    }
                     Err(panic) => {
                         Counters::add(&ctx.counters.panicked);
-                        Outcome::retry(panic_text(panic.as_ref()))
+                        let text = panic_text(panic.as_ref());
+                        tracing::error!(panic = %text, "handler panicked");
+                        Outcome::retry(text)
                     }
                 };
             }
             () = tokio::time::sleep_until(at), if !cancel.is_cancelled() => {
                 if *deadline.borrow() <= Instant::now() {
+                    tracing::warn!("no renewal confirmed the lease in time: cancelling the handler");
                     fire(&reason, &cancel, CancelReason::Unconfirmed);
                 }
             }
@@ -281,6 +317,7 @@ pub(super) async fn supervise(
                 watching = changed.is_ok();
             }
             () = ctx.hard_stop.cancelled() => {
+                tracing::info!("grace period over: dropping the handler, abandoning its row");
                 fire(&reason, &cancel, CancelReason::Shutdown);
                 return Outcome::Abandon;
             }

@@ -35,9 +35,13 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
                 () = stop.cancelled() => return,
                 r = ctx.heartbeat.renew_batch(&cfg.owner, chunk, cfg.ttl) => r,
             };
-            let Ok(renewals) = renewals else {
-                wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
-                continue;
+            let renewals = match renewals {
+                Ok(renewals) => renewals,
+                Err(e) => {
+                    wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
+                    tracing::warn!(queue = %cfg.queue, leases = chunk.len(), error = %e, retry_in = ?wait, "heartbeat failed");
+                    continue;
+                }
             };
             let confirmed_until = sent + cfg.confirmed_for();
             let slots = ctx.slots();
@@ -46,6 +50,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
                     continue;
                 };
                 if !renewal.held {
+                    tracing::warn!(queue = %cfg.queue, id = token.id, epoch = token.epoch, "lease lost");
                     slot.fire(CancelReason::Lost);
                     continue;
                 }
@@ -63,6 +68,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
                     later
                 });
                 if renewal.cancel_requested {
+                    tracing::info!(queue = %cfg.queue, id = token.id, epoch = token.epoch, "cancel requested");
                     slot.fire(CancelReason::CancelRequested);
                 }
             }

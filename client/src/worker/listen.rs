@@ -43,9 +43,17 @@ pub(super) async fn listener(ctx: &Ctx, stop: &CancellationToken) {
             }
             Ok(())
         };
-        tokio::select! {
+        let ended = tokio::select! {
             () = stop.cancelled() => return,
-            _ = session => {}
+            ended = session => ended,
+        };
+        match ended {
+            Ok(()) => {
+                tracing::info!(queue = %ctx.config.queue, "LISTEN connection closed; reconnecting")
+            }
+            Err(e) => {
+                tracing::warn!(queue = %ctx.config.queue, error = %e, "LISTEN connection failed; polling until it is back")
+            }
         }
         if started.elapsed() > Duration::from_secs(30) {
             backoff.reset();

@@ -162,6 +162,13 @@ impl Worker {
     /// with backoff and never end the run.
     pub async fn run(self, shutdown: CancellationToken) -> Result<Summary> {
         self.config.validate()?;
+        tracing::info!(
+            queue = %self.config.queue,
+            owner = %self.config.owner,
+            concurrency = self.config.concurrency,
+            prefetch = self.config.prefetch,
+            "worker started"
+        );
         let timeout = self.config.request_timeout;
         let ctx = Arc::new(Ctx {
             // Tagged with the owner where session settings are safe (no
@@ -236,7 +243,9 @@ impl Worker {
             renewer(&ctx, &background),
             listener(&ctx, &background)
         );
-        result.map(|()| ctx.counters.snapshot())
+        let summary = ctx.counters.snapshot();
+        tracing::info!(queue = %ctx.config.queue, owner = %ctx.config.owner, ?summary, "worker stopped");
+        result.map(|()| summary)
     }
 }
 

@@ -62,15 +62,20 @@ impl Drop for Held {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                id = self.lease.id,
+                epoch = self.lease.epoch,
+                "no runtime to release a dropped lease; it expires"
+            );
             return;
         };
         let client = self.ctx.client.clone();
         let lease = self.lease.clone();
         let outcome = std::mem::replace(&mut self.outcome, Outcome::Abandon);
         runtime.spawn(async move {
-            let _ = client
-                .release_token(&lease.owner, lease.token(), &outcome)
-                .await;
+            if let Err(e) = client.release_token(&lease.owner, lease.token(), &outcome).await {
+                tracing::warn!(id = lease.id, epoch = lease.epoch, error = %e, "release of a dropped lease failed; it expires");
+            }
         });
     }
 }
@@ -196,12 +201,19 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
                     if ok {
                         ctx.counters.recorded(&outcome);
                     } else {
+                        tracing::warn!(
+                            id = h.lease.id,
+                            epoch = h.lease.epoch,
+                            outcome = outcome.as_sql(),
+                            "release refused: lease already lost"
+                        );
                         Counters::add(&ctx.counters.lost);
                     }
                     h.settle();
                 }
             }
             Err(e) => {
+                tracing::warn!(outcome = outcome.as_sql(), leases = group.len(), error = %e, "release failed");
                 for h in group {
                     if e.is_invalid_input() || h.deadline() <= now {
                         Counters::add(&ctx.counters.unreleased);
