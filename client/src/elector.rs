@@ -290,6 +290,8 @@ async fn contend(
 ) {
     let requests = client.with_timeout(cfg.request_timeout);
     let publish = |term: Option<&Term>| {
+        metrics::gauge!(crate::metrics::LEADER, "name" => cfg.name.clone())
+            .set(if term.is_some() { 1.0 } else { 0.0 });
         *shared.lock().unwrap_or_else(|p| p.into_inner()) = term.cloned();
         tx.send_replace(match term {
             Some(t) => Leadership::Leader { epoch: t.epoch },

@@ -53,6 +53,7 @@ mod connect;
 mod elector;
 mod error;
 mod lease;
+pub mod metrics;
 mod queue;
 mod timing;
 mod transaction;

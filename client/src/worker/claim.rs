@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::job::{CancelReason, Counters, Job};
+use super::job::{CancelReason, Job};
 use super::release::Held;
 use super::{fire, Ctx, Slot, MAX_BATCH};
 use crate::error::{Error, Result};
@@ -56,6 +56,7 @@ pub(super) async fn claim_loop(
         }
         let asked = permits.len();
         let limit = u32::try_from(asked).unwrap_or(1);
+        let sent = Instant::now();
         let claimed = if reclaiming {
             ctx.client
                 .reclaim_own(limit, cfg.ttl, &cfg.owner, &cfg.queue)
@@ -65,6 +66,7 @@ pub(super) async fn claim_loop(
                 .claim(limit, cfg.ttl, &cfg.owner, &cfg.queue)
                 .await
         };
+        ctx.counters.claim_latency(sent.elapsed());
         match claimed {
             Ok(rows) => {
                 backoff.reset();
@@ -75,7 +77,7 @@ pub(super) async fn claim_loop(
                     tracing::debug!(queue = %cfg.queue, claimed = got, asked, "claimed");
                 }
                 for claimed in rows {
-                    Counters::add(&ctx.counters.claimed);
+                    ctx.counters.claimed(1);
                     let permit = match permits.pop() {
                         Some(permit) if !shutdown.is_cancelled() => permit,
                         // Over the limit (the SQL never does this) or too
@@ -249,9 +251,12 @@ pub(super) async fn run_job(
         attempt_id = %job.attempt_id(),
     );
     let started = Instant::now();
+    ctx.counters.running(1);
     held.outcome = supervise(&ctx, job, held.deadline.clone())
         .instrument(span.clone())
         .await;
+    ctx.counters.running(-1);
+    ctx.counters.handled(&held.outcome, started.elapsed());
     span.in_scope(|| {
         tracing::debug!(outcome = held.outcome.as_sql(), took = ?started.elapsed(), "handler returned");
     });
@@ -276,7 +281,7 @@ pub(super) async fn supervise(
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(job))) {
         Ok(fut) => fut,
         Err(panic) => {
-            Counters::add(&ctx.counters.panicked);
+            ctx.counters.panicked();
             let text = panic_text(panic.as_ref());
             tracing::error!(panic = %text, "handler panicked");
             return Outcome::retry(text);
@@ -300,7 +305,7 @@ pub(super) async fn supervise(
                         Outcome::retry(format!("handler failed: {error}"))
                     }
                     Err(panic) => {
-                        Counters::add(&ctx.counters.panicked);
+                        ctx.counters.panicked();
                         let text = panic_text(panic.as_ref());
                         tracing::error!(panic = %text, "handler panicked");
                         Outcome::retry(text)

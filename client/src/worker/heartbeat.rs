@@ -35,6 +35,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
                 () = stop.cancelled() => return,
                 r = ctx.heartbeat.renew_batch(&cfg.owner, chunk, cfg.ttl) => r,
             };
+            ctx.counters.heartbeat(sent.elapsed(), tokens.len());
             let renewals = match renewals {
                 Ok(renewals) => renewals,
                 Err(e) => {

@@ -1,7 +1,6 @@
 //! What a handler gets ([`Job`]) and why its token fires ([`CancelReason`]), and what a run
 //! returns ([`Summary`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde::de::DeserializeOwned;
@@ -10,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::error::Result;
-use crate::lease::{FencingToken, Lease, Outcome};
+use crate::lease::{FencingToken, Lease};
 use crate::transaction::{FencedTransaction, Pool};
 
 /// Why a job's cancellation token fired.
@@ -134,45 +133,4 @@ pub struct Summary {
     pub unreleased: u64,
     /// Handlers that panicked.
     pub panicked: u64,
-}
-
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) claimed: AtomicU64,
-    pub(super) done: AtomicU64,
-    pub(super) retried: AtomicU64,
-    pub(super) failed: AtomicU64,
-    pub(super) abandoned: AtomicU64,
-    pub(super) lost: AtomicU64,
-    pub(super) unreleased: AtomicU64,
-    pub(super) panicked: AtomicU64,
-}
-
-impl Counters {
-    pub(super) fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(super) fn snapshot(&self) -> Summary {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Summary {
-            claimed: get(&self.claimed),
-            done: get(&self.done),
-            retried: get(&self.retried),
-            failed: get(&self.failed),
-            abandoned: get(&self.abandoned),
-            lost: get(&self.lost),
-            unreleased: get(&self.unreleased),
-            panicked: get(&self.panicked),
-        }
-    }
-
-    pub(super) fn recorded(&self, outcome: &Outcome) {
-        Counters::add(match outcome {
-            Outcome::Done | Outcome::Finished => &self.done,
-            Outcome::Retry { .. } => &self.retried,
-            Outcome::Fail { .. } => &self.failed,
-            Outcome::Abandon => &self.abandoned,
-        });
-    }
 }

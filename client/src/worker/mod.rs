@@ -6,6 +6,7 @@
 
 mod claim;
 mod config;
+mod counters;
 mod heartbeat;
 mod job;
 mod listen;
@@ -29,8 +30,8 @@ use crate::error::Result;
 use crate::lease::Outcome;
 use crate::transaction::Pool;
 use claim::{claim_loop, dispatcher};
+use counters::Counters;
 use heartbeat::renewer;
-use job::Counters;
 use listen::listener;
 use release::{releaser, Refill};
 
@@ -182,12 +183,12 @@ impl Worker {
                 self.client.connector().cloned(),
                 self.config.concurrency,
             )),
+            counters: Counters::new(&self.config.queue, self.config.concurrency),
             config: self.config,
             handler: self.handler,
             slots: Mutex::new(HashMap::new()),
             wake: Notify::new(),
             hard_stop: CancellationToken::new(),
-            counters: Counters::default(),
         });
         let free = Arc::new(Semaphore::new(ctx.config.concurrency + ctx.config.prefetch));
         let (releases, released) = mpsc::unbounded_channel();

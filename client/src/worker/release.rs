@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::claim::{abandon_now, register, Ready};
-use super::job::Counters;
 use super::Ctx;
 use crate::lease::{FencingToken, Lease, Outcome};
 use crate::timing::Backoff;
@@ -152,10 +151,12 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
         let tokens: Vec<FencingToken> = group.iter().map(|h| h.lease.token()).collect();
         if outcome == Outcome::Done && refilling {
             let limit = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+            let sent = Instant::now();
             let result = ctx
                 .client
                 .release_and_claim(owner, &tokens, &cfg.queue, limit, cfg.ttl)
                 .await;
+            ctx.counters.claim_latency(sent.elapsed());
             return match result {
                 Ok((released, claimed)) => (outcome, group, Ok(released), claimed),
                 Err(e) => (outcome, group, Err(e), Vec::new()),
@@ -182,7 +183,7 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
                     group.iter_mut().filter_map(|h| h._permit.take()).collect();
                 if let Some(shared) = group.first().map(|h| Arc::clone(&h.ctx)) {
                     for row in claimed {
-                        Counters::add(&ctx.counters.claimed);
+                        ctx.counters.claimed(1);
                         let Some(permit) = permits.pop() else {
                             // More rows than leases given up: the SQL
                             // never does this.
@@ -207,7 +208,7 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
                             outcome = outcome.as_sql(),
                             "release refused: lease already lost"
                         );
-                        Counters::add(&ctx.counters.lost);
+                        ctx.counters.lost();
                     }
                     h.settle();
                 }
@@ -216,7 +217,7 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
                 tracing::warn!(outcome = outcome.as_sql(), leases = group.len(), error = %e, "release failed");
                 for h in group {
                     if e.is_invalid_input() || h.deadline() <= now {
-                        Counters::add(&ctx.counters.unreleased);
+                        ctx.counters.unreleased();
                         h.settle();
                     } else {
                         retry.push(h);
