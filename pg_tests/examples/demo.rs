@@ -1,8 +1,10 @@
-//! The README's demo: a throwaway PostgreSQL 15 with pg_lease preloaded,
-//! several replicas sharing one queue, and a paused replica (a zombie)
-//! whose late writes are fenced off.
+//! A SQL-only demo: a throwaway PostgreSQL 15 with pg_lease preloaded,
+//! several replicas sharing one queue through plain SQL, and a paused
+//! replica (a zombie) whose late writes are fenced off.
 //!
-//! Run it with `bin/demo` (which installs what is needed first).
+//! Run it with `cargo run -p pg_tests --example demo` once the extension is
+//! installed. (`bin/demo`, the README's demo, runs the client's
+//! `examples/replicas.rs` instead.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -27,6 +27,10 @@
 #![warn(missing_docs)]
 
 pub mod proxy;
+mod rng;
+pub mod workers;
+
+pub use rng::Rng;
 
 use std::env;
 use std::fs;
@@ -603,11 +607,21 @@ where
 /// Polls `sql` (one boolean) every 20 ms until it is true and returns how
 /// long that took; panics naming `sql` after `within`. For tests.
 pub async fn eventually(client: &tokio_postgres::Client, sql: &str, within: Duration) -> Duration {
+    until(sql, within, || scalar::<bool>(client, sql)).await
+}
+
+/// Polls `check` every 20 ms until it holds and returns how long that
+/// took; panics naming `what` after `within`. For tests.
+pub async fn until<F, Fut>(what: &str, within: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let start = Instant::now();
-    while !scalar::<bool>(client, sql).await {
+    while !check().await {
         assert!(
             start.elapsed() < within,
-            "not true within {within:?}: {sql}"
+            "not true within {within:?}: {what}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -12,9 +12,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_lease_client::{CancellationToken, Client, Outcome, Summary, Worker, WorkerConfig};
+use pg_lease_client::{Client, Outcome, Worker, WorkerConfig};
+use pg_tests::workers::{spawn, stop};
 use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
-use tokio::time::{sleep, timeout};
+use tokio::time::sleep;
 
 /// A cluster whose reaper sweeps every 100 ms.
 fn cluster_with_reaper() -> Cluster {
@@ -51,23 +52,6 @@ fn worker_config(queue: &str, owner: &str, ttl: Duration) -> WorkerConfig {
     c.owner = owner.to_owned();
     c.poll_interval = Duration::from_millis(100);
     c
-}
-
-async fn stop(shutdown: CancellationToken, run: tokio::task::JoinHandle<Summary>) -> Summary {
-    shutdown.cancel();
-    timeout(Duration::from_secs(20), run)
-        .await
-        .expect("worker stops within 20 s")
-        .expect("worker task")
-}
-
-fn spawn(worker: Worker) -> (CancellationToken, tokio::task::JoinHandle<Summary>) {
-    let shutdown = CancellationToken::new();
-    let run = worker.run(shutdown.clone());
-    (
-        shutdown,
-        tokio::spawn(async move { run.await.expect("worker run") }),
-    )
 }
 
 // ---- deferred deletions -------------------------------------------------------

@@ -21,6 +21,7 @@ use std::future::Future;
 use pg_lease_client::{
     CancellationToken, Client, HandlerResult, Job, Outcome, Summary, Worker, WorkerConfig,
 };
+use pg_tests::workers::{self, stop};
 use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::NoTls;
@@ -59,21 +60,7 @@ where
     config.owner = owner;
     config.concurrency = concurrency;
     config.poll_interval = Duration::from_millis(50);
-    let worker = Worker::new(client, config, handler);
-    let shutdown = CancellationToken::new();
-    let run = worker.run(shutdown.clone());
-    (
-        shutdown,
-        tokio::spawn(async move { run.await.expect("worker run") }),
-    )
-}
-
-async fn stop(shutdown: CancellationToken, run: tokio::task::JoinHandle<Summary>) -> Summary {
-    shutdown.cancel();
-    timeout(Duration::from_secs(20), run)
-        .await
-        .expect("worker stops within 20 s")
-        .expect("worker task")
+    workers::spawn(Worker::new(client, config, handler))
 }
 
 async fn deadlocks(pg: &tokio_postgres::Client) -> i64 {

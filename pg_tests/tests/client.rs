@@ -7,18 +7,18 @@
 //! failed; the break is named in its doc comment ("Broken on purpose").
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pg_lease_client::{
-    fence, fence_named, BatchOptions, CancelReason, CancelResult, CancellationToken, Client,
-    Elector, ElectorConfig, EnqueueOptions, Error, FencingToken, Job, JobState, Leadership,
-    Outcome, QueueOptions, Summary, Worker, WorkerConfig,
+    fence, fence_named, BatchOptions, CancelReason, CancelResult, Client, Elector, ElectorConfig,
+    EnqueueOptions, Error, FencingToken, Job, JobState, Leadership, Outcome, QueueOptions, Worker,
+    WorkerConfig,
 };
 use pg_tests::proxy::Proxy;
-use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use pg_tests::workers::{spawn, stop};
+use pg_tests::{until, Cluster, ClusterConfig, TEST_DB};
 use serde_json::json;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -84,23 +84,6 @@ async fn job_row(pg: &tokio_postgres::Client, id: i64) -> JobRow {
     }
 }
 
-/// Polls `check` every 20 ms until it holds; panics naming `what` after
-/// `limit`.
-async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let end = Instant::now() + limit;
-    while !check().await {
-        assert!(
-            Instant::now() < end,
-            "timed out after {limit:?} waiting for: {what}"
-        );
-        sleep(ms(20)).await;
-    }
-}
-
 /// Worker settings for tests: quick polling, the given owner and timing.
 fn config(queue: &str, owner: &str, ttl: Duration) -> WorkerConfig {
     let mut c = WorkerConfig::new(queue).with_ttl(ttl);
@@ -108,22 +91,6 @@ fn config(queue: &str, owner: &str, ttl: Duration) -> WorkerConfig {
     c.poll_interval = ms(100);
     c.request_timeout = ms(1000).min(c.request_timeout.max(ms(500)));
     c
-}
-
-/// Runs `worker` in a task; returns its shutdown token and join handle.
-fn spawn(worker: Worker) -> (CancellationToken, tokio::task::JoinHandle<Summary>) {
-    let shutdown = CancellationToken::new();
-    let run = worker.run(shutdown.clone());
-    let handle = tokio::spawn(async move { run.await.expect("worker run") });
-    (shutdown, handle)
-}
-
-async fn stop(shutdown: CancellationToken, handle: tokio::task::JoinHandle<Summary>) -> Summary {
-    shutdown.cancel();
-    timeout(secs(20), handle)
-        .await
-        .expect("worker stops within 20 s")
-        .expect("worker task")
 }
 
 /// Reaps expired leases every 100 ms until dropped (the extension's
@@ -533,7 +500,7 @@ async fn work_lasting_three_ttls_keeps_its_lease() {
         })
     };
     let (stop_a, a) = spawn(make("A"));
-    eventually("A claims the row", secs(10), || async {
+    until("A claims the row", secs(10), || async {
         job_row(&admin, id).await.owner.as_deref() == Some("A")
     })
     .await;
@@ -560,7 +527,7 @@ async fn work_lasting_three_ttls_keeps_its_lease() {
         "the lease was extended by renewals"
     );
 
-    eventually("the handler finishes", secs(15), || async {
+    until("the handler finishes", secs(15), || async {
         !calls.lock().expect("calls").is_empty()
     })
     .await;
@@ -626,7 +593,7 @@ async fn early_return_error_and_panic_leave_no_claim_behind() {
         },
     );
     let (shutdown, handle) = spawn(worker);
-    eventually("every row runs twice", secs(10), || async {
+    until("every row runs twice", secs(10), || async {
         let seen = seen.lock().expect("seen");
         seen.len() == 3 && seen.values().all(|e| e.len() == 2)
     })
@@ -680,7 +647,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once() {
         },
     );
     let (shutdown, handle) = spawn(worker);
-    eventually("the row is dead", secs(10), || async {
+    until("the row is dead", secs(10), || async {
         job_row(&admin, id).await.state == "dead"
     })
     .await;
@@ -723,7 +690,7 @@ async fn a_dropped_worker_future_abandons_its_leases() {
         }
     });
     let (_shutdown, handle) = spawn(worker);
-    eventually("both handlers run", secs(10), || async {
+    until("both handlers run", secs(10), || async {
         started.load(Ordering::SeqCst) == 2
     })
     .await;
@@ -731,7 +698,7 @@ async fn a_dropped_worker_future_abandons_its_leases() {
     assert!(handle.await.expect_err("aborted").is_cancelled());
 
     for id in &ids {
-        eventually("the row is pending again", secs(5), || async {
+        until("the row is pending again", secs(5), || async {
             job_row(&admin, *id).await.state == "pending"
         })
         .await;
@@ -807,7 +774,7 @@ async fn blocked_renewals_fire_the_token_before_the_database_lease_ends() {
         .expect("the handler starts");
     proxy.pause();
     let paused_at = Instant::now();
-    eventually("the token fires", secs(10), || async {
+    until("the token fires", secs(10), || async {
         fired.lock().expect("fired").is_some()
     })
     .await;
@@ -874,7 +841,7 @@ async fn a_cut_connection_is_reopened_and_the_lease_kept() {
     sleep(ms(1500)).await;
     let before = proxy.accepted();
     proxy.cut();
-    eventually("the handler finishes", secs(15), || async {
+    until("the handler finishes", secs(15), || async {
         result.lock().expect("result").is_some()
     })
     .await;
@@ -930,7 +897,7 @@ async fn a_cancel_request_reaches_the_handler_and_ends_the_row() {
         c.cancel(id).await.expect("cancel"),
         CancelResult::CancelRequested
     );
-    eventually("the row ends cancelled", secs(10), || async {
+    until("the row ends cancelled", secs(10), || async {
         job_row(&admin, id).await.state == "cancelled"
     })
     .await;
@@ -984,7 +951,7 @@ async fn claims_never_exceed_free_slots() {
             .get::<_, i64>(0)
     };
     let mut most = 0;
-    eventually("three rows leased", secs(10), || async {
+    until("three rows leased", secs(10), || async {
         leased().await == 3
     })
     .await;
@@ -995,7 +962,7 @@ async fn claims_never_exceed_free_slots() {
             sleep(ms(20)).await;
         }
     }
-    eventually("all rows done", secs(10), || async {
+    until("all rows done", secs(10), || async {
         admin
             .query_one(
                 "SELECT done FROM lease.queue_stats WHERE queue = 'slots'",
@@ -1043,7 +1010,7 @@ async fn all_leases_are_renewed_in_one_call_per_tick() {
             Ok(Outcome::Done)
         });
         let (shutdown, handle) = spawn(worker);
-        eventually("all rows done", secs(15), || async {
+        until("all rows done", secs(15), || async {
             admin
                 .query_one(
                     "SELECT done FROM lease.queue_stats WHERE queue = 'beat'",
@@ -1059,7 +1026,7 @@ async fn all_leases_are_renewed_in_one_call_per_tick() {
         assert_eq!((summary.done, summary.lost), (4, 0));
     }
     // Backends flush their function statistics when they exit.
-    eventually("the worker's connections are closed", secs(10), || async {
+    until("the worker's connections are closed", secs(10), || async {
         admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
@@ -1194,7 +1161,7 @@ async fn graceful_shutdown_drains_in_flight_work() {
         })
     };
     let (shutdown, handle) = spawn(worker);
-    eventually("two handlers run", secs(10), || async {
+    until("two handlers run", secs(10), || async {
         started.load(Ordering::SeqCst) == 2
     })
     .await;
@@ -1257,7 +1224,7 @@ async fn shutdown_abandons_work_that_outlives_the_grace_period() {
         })
     };
     let (shutdown, handle) = spawn(worker);
-    eventually("two handlers run", secs(10), || async {
+    until("two handlers run", secs(10), || async {
         started.load(Ordering::SeqCst) == 2
     })
     .await;
@@ -1321,7 +1288,7 @@ async fn a_paused_elector_steps_down_and_another_takes_over() {
     };
 
     proxy.pause();
-    eventually("A steps down", secs(5), || async { !a.is_leader() }).await;
+    until("A steps down", secs(5), || async { !a.is_leader() }).await;
     let r = admin
         .query_one(
             "SELECT owner, epoch, lease_until > clock_timestamp() FROM lease.named_lease WHERE name = 'housekeeper'",
@@ -1336,12 +1303,12 @@ async fn a_paused_elector_steps_down_and_another_takes_over() {
         "A stepped down before its lease ended in the database"
     );
     assert!(!a_term.is_current());
-    eventually("A publishes the step-down", secs(2), || async {
+    until("A publishes the step-down", secs(2), || async {
         *a.subscribe().borrow() == Leadership::Follower
     })
     .await;
 
-    eventually("B takes over", secs(10), || async { b.is_leader() }).await;
+    until("B takes over", secs(10), || async { b.is_leader() }).await;
     let b_epoch = b.epoch().expect("B's epoch");
     assert!(b_epoch > a_term.epoch(), "{b_epoch} > {}", a_term.epoch());
     {

@@ -8,21 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pg_tests::{scalar, sqlstate, Cluster};
+use pg_tests::{scalar, sqlstate, Cluster, Rng};
 use tokio_postgres::Client;
-
-/// A small deterministic generator: tests stay reproducible per seed and
-/// need no extra dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 async fn claim(
     client: &Client,
@@ -92,7 +79,7 @@ async fn drain_concurrently(
         let observed = Arc::clone(&observed);
         tasks.push(tokio::spawn(async move {
             let owner = format!("claimer-{n}");
-            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (n as u64 + 1));
+            let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ (n as u64 + 1));
             loop {
                 let limit = 1 + rng.below(max_batch) as i32;
                 let got = claim(&client, limit, 60_000, &owner, "race").await;
@@ -467,7 +454,7 @@ async fn contenders_for_a_named_lease_never_both_hold_it() {
         let client = cluster.connect().await;
         tasks.push(tokio::spawn(async move {
             let me = format!("contender-{n}");
-            let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ (n + 1));
+            let mut rng = Rng::new(0xD1B5_4A32_D192_ED03 ^ (n + 1));
             let mut writes = 0u32;
             while Instant::now() < deadline {
                 let epoch: Option<i64> = client

@@ -79,7 +79,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_tests::proxy::Proxy;
-use pg_tests::{Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{Cluster, ClusterConfig, Rng, TEST_DB};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::{Client, NoTls, Row};
 
@@ -111,22 +111,6 @@ struct Params {
     tasks: u32,
     fenced: bool,
     break_name: Option<String>,
-}
-
-/// A deterministic generator (xorshift64*), as in the other test files.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
-    }
 }
 
 /// A connection that reconnects after the server restarts or kills it.

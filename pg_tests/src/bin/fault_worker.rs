@@ -31,6 +31,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pg_tests::Rng;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_postgres::{Client, NoTls, Row};
@@ -96,26 +97,6 @@ impl Config {
     /// stops renewing its lease and moves on.
     fn hang_budget(&self) -> Duration {
         self.ttl * 4
-    }
-}
-
-/// xorshift64*: deterministic per seed, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        // splitmix64 step, so nearby seeds give unrelated streams.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
     }
 }
 
