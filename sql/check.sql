@@ -220,3 +220,14 @@ RETURN make_interval(secs => least(date_part('epoch', cap),
 
 COMMENT ON FUNCTION lease.backoff(integer, interval, interval) IS
     'Internal: delay before the next attempt, base * 2^(attempt-1) capped at cap.';
+
+-- The delay a retry or an expiry actually gets. With 'full' jitter it is
+-- uniform in [0, backoff): rows that failed together (a dependency was
+-- down) come back spread out instead of in lockstep.
+CREATE FUNCTION lease.retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
+LANGUAGE sql VOLATILE PARALLEL SAFE
+RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random()
+            ELSE lease.backoff(attempt, base, cap) END;
+
+COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
+    'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';

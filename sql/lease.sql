@@ -195,7 +195,7 @@ BEGIN
                               THEN clock_timestamp() END,
            attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
            next_at     = CASE WHEN oc = 'retry'
-                              THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
+                              THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
                               ELSE j.next_at END,
            lease_until = NULL,
            last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
@@ -272,7 +272,7 @@ BEGIN
                                   THEN clock_timestamp() END,
                attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
                next_at     = CASE WHEN oc = 'retry'
-                                  THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
+                                  THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
                                   ELSE j.next_at END,
                lease_until = NULL,
                last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)

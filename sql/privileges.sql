@@ -60,7 +60,7 @@ GRANT EXECUTE ON FUNCTION
 TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.create_queue(text, integer, interval, interval, interval, interval),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text),
     lease.drop_queue(text, boolean),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),

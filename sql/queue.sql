@@ -7,7 +7,8 @@ CREATE FUNCTION lease.create_queue(
     backoff_base   interval DEFAULT '1 second',
     backoff_max    interval DEFAULT '1 hour',
     retention      interval DEFAULT '0',
-    dead_retention interval DEFAULT '7 days'
+    dead_retention interval DEFAULT '7 days',
+    jitter         text     DEFAULT 'full'
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -27,28 +28,35 @@ BEGIN
             lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
             lease.checked_span(retention, interval '36500 days', 'retention'),
             lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    IF jitter IS NULL OR jitter NOT IN ('full', 'none') THEN
+        RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
         RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
             backoff_max    = EXCLUDED.backoff_max,
             retention      = EXCLUDED.retention,
-            dead_retention = EXCLUDED.dead_retention;
+            dead_retention = EXCLUDED.dead_retention,
+            jitter         = EXCLUDED.jitter;
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
+jitter: 'full' (default) makes each retry delay uniform in [0, that delay), so rows that failed together do
+not come back together; 'none' keeps it exact.
 retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
 Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;

@@ -35,7 +35,7 @@ BEGIN
            SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
                finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
-               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
+               next_at     = t + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)

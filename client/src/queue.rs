@@ -19,6 +19,10 @@ pub struct QueueOptions {
     pub retention: Duration,
     /// How long dead and cancelled rows are kept. Default 7 days.
     pub dead_retention: Duration,
+    /// Full jitter on retry delays: each is uniform in `[0, backoff)`, so
+    /// rows that failed together do not come back together. Default true;
+    /// false keeps delays exact.
+    pub jitter: bool,
 }
 
 impl Default for QueueOptions {
@@ -29,6 +33,7 @@ impl Default for QueueOptions {
             backoff_max: Duration::from_secs(3600),
             retention: Duration::ZERO,
             dead_retention: Duration::from_secs(7 * 24 * 3600),
+            jitter: true,
         }
     }
 }

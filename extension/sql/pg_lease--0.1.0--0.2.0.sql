@@ -14,7 +14,10 @@
 
 ALTER TABLE lease.queue
     ADD COLUMN restricted boolean NOT NULL DEFAULT false,
-    ADD COLUMN attached   boolean NOT NULL DEFAULT false;
+    ADD COLUMN attached   boolean NOT NULL DEFAULT false,
+    -- Queues that exist keep exact retry delays; new ones get jitter.
+    ADD COLUMN jitter     text NOT NULL DEFAULT 'none' CHECK (jitter IN ('full', 'none'));
+ALTER TABLE lease.queue ALTER COLUMN jitter SET DEFAULT 'full';
 
 -- A constant default: no table rewrite. The claim index follows the new
 -- claim order (priority, rank, next_at, id).
@@ -70,6 +73,8 @@ DROP FUNCTION lease.register_attachment(regclass, text, name, text, integer, int
 DROP FUNCTION lease.unregister_attachment(text);
 DROP FUNCTION lease.next_state(text, boolean, integer, integer);
 DROP FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval);
+-- Gained jitter.
+DROP FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval);
 -- Changes language and body; its signature stays, but dropping is simplest.
 DROP FUNCTION lease.reap(integer);
 DROP VIEW lease.reaper_stats;
@@ -209,96 +214,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
-CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
-            ELSE current_setting('role')::name END;
+CREATE OR REPLACE FUNCTION lease.retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
+LANGUAGE sql VOLATILE PARALLEL SAFE
+RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random()
+            ELSE lease.backoff(attempt, base, cap) END;
 
-COMMENT ON FUNCTION lease._caller() IS
-    'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
-
-CREATE OR REPLACE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
-LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    who constant name := lease._caller();
-BEGIN
-    IF coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _check_access.queue), false)
-       AND NOT pg_has_role(who, 'lease_admin', 'MEMBER')
-       AND NOT EXISTS (
-           SELECT FROM lease.queue_grant g
-            WHERE g.queue = _check_access.queue
-              AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
-              AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
-    THEN
-        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'An admin grants it with lease.grant(queue, role).';
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._check_access(text, text[]) IS
-    'Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it.';
-
-CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    -- The common case, no restricted queue at all, costs one small scan.
-    IF EXISTS (SELECT FROM lease.queue q WHERE q.restricted) THEN
-        PERFORM lease._check_access(d.queue, rights)
-           FROM (SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids)) AS d;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
-    'Internal: lease._check_access for the queue of every row in IDS.';
-
-CREATE OR REPLACE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
--- "grant" is a reserved word, so the arguments cannot be qualified by it.
-DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
-    w  constant boolean := lease.checked_not_null(work, 'work');
-    p  constant boolean := lease.checked_not_null(produce, 'produce');
-BEGIN
-    UPDATE lease.queue q SET restricted = true WHERE q.name = qn AND NOT q.restricted;
-    INSERT INTO lease.queue_grant AS g (queue, grantee, work, produce)
-    VALUES (qn, r, w, p)
-    ON CONFLICT ON CONSTRAINT queue_grant_pkey DO UPDATE
-        SET work = EXCLUDED.work, produce = EXCLUDED.produce;
-END
-$$;
-
-COMMENT ON FUNCTION lease.grant(text, regrole, boolean, boolean) IS
-$$Grants ROLE (and its members) the right to work QUEUE (claim, reclaim_own, renew, release, fence,
-fenced_update) and/or to produce into it (enqueue, cancel), replacing ROLE's earlier grant. The first
-grant on a queue restricts it: from then on only grantees and lease_admin may use it.
-lease.grant(queue, 'lease_worker') shares it with every worker.
-Errors: 22004 an argument NULL; 42704 no such queue or role.$$;
-
-CREATE OR REPLACE FUNCTION lease.revoke(queue text, role regrole) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
-BEGIN
-    DELETE FROM lease.queue_grant g WHERE g.queue = qn AND g.grantee = r;
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.revoke(text, regrole) IS
-$$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
-lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
+COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
+    'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
 
 CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
 LANGUAGE sql STABLE
@@ -394,384 +316,165 @@ names[i] goes with epochs[i]; returns (name, released) per element in input orde
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
 owner invalid.$$;
 
-CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
-RETURNS lease.renewal
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
+            ELSE current_setting('role')::name END;
+
+COMMENT ON FUNCTION lease._caller() IS
+    'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
+
+CREATE OR REPLACE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    o constant text := owner;
-    d constant interval := ttl;
-    result lease.renewal;
+    who constant name := lease._caller();
 BEGIN
-    -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_ttl(d)) THEN
-        PERFORM lease.checked_owner(o), lease.checked_ttl(d),
-                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    IF coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _check_access.queue), false)
+       AND NOT pg_has_role(who, 'lease_admin', 'MEMBER')
+       AND NOT EXISTS (
+           SELECT FROM lease.queue_grant g
+            WHERE g.queue = _check_access.queue
+              AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
+              AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
+    THEN
+        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'An admin grants it with lease.grant(queue, role).';
     END IF;
-    -- Inline, not a call of lease._check_rows: this runs on every renewal.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        PERFORM lease._check_rows(ARRAY[id], '{work}');
-    END IF;
-    UPDATE lease.job j
-       SET lease_until = clock_timestamp() + d
-     WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-    RETURNING j.id, true, j.lease_until, j.cancel_requested
-      INTO result;
-    IF NOT FOUND THEN
-        result := ROW(renew.id, false, NULL, NULL);
-    END IF;
-    RETURN result;
 END
 $$;
 
-COMMENT ON FUNCTION lease.renew(bigint, text, bigint, interval) IS
-$$Extends OWNER's lease on row ID at EPOCH to now + TTL (database clock). Returns (id, held, lease_until,
-cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
-means lease.cancel was called and the owner should stop and release.
-Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters;
-42501 the row's queue is restricted and the caller may not work it.$$;
+COMMENT ON FUNCTION lease._check_access(text, text[]) IS
+    'Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it.';
 
-CREATE OR REPLACE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval)
-RETURNS SETOF lease.renewal
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
+LANGUAGE plpgsql STABLE
 AS $$
-DECLARE
-    o constant text := lease.checked_owner(owner);
-    d constant interval := lease.checked_ttl(ttl);
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
-    RETURN QUERY
-    WITH held AS MATERIALIZED (
-        -- A heartbeat locks many rows; waiting for one that another
-        -- transaction holds (a writer of an attached table removing it, in
-        -- its own order) while holding the others can deadlock. So rows
-        -- locked by others are skipped and reported as busy (held NULL).
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.id = ANY (ids)
-           AND (j.epoch = epochs[array_position(ids, j.id)]
-                OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
-           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-           FOR NO KEY UPDATE SKIP LOCKED
-    ), renewed AS (
-        UPDATE lease.job j
-           SET lease_until = clock_timestamp() + d
-         WHERE j.id = ANY (ARRAY(SELECT h.id FROM held h))
-        RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
-    )
-    -- Matched on (id, epoch): a stale epoch listed beside the current one
-    -- for the same id is reported as lost. A row not renewed that this
-    -- statement still sees held was skipped as locked: busy.
-    SELECT w.id,
-           CASE WHEN r.id IS NOT NULL THEN true WHEN s.id IS NOT NULL THEN NULL ELSE false END,
-           coalesce(r.lease_until, s.lease_until),
-           coalesce(r.cancel_requested, s.cancel_requested)
-      FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
-      LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
-      LEFT JOIN lease.job s ON r.id IS NULL AND s.id = w.id AND s.epoch = w.epoch AND s.owner = o
-                           AND s.state = 'leased' AND s.lease_until > clock_timestamp()
-     ORDER BY w.ord;
+    -- The common case, no restricted queue at all, costs one small scan.
+    IF EXISTS (SELECT FROM lease.queue q WHERE q.restricted) THEN
+        PERFORM lease._check_access(d.queue, rights)
+           FROM (SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids)) AS d;
+    END IF;
 END
 $$;
 
-COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval) IS
-$$lease.renew for many leases of one owner in one statement (one round trip per heartbeat). ids[i] goes
-with epochs[i]; returns one lease.renewal per element, in input order. It never waits for a row another
-transaction holds locked (the owner's own open fence, a writer of an attached table removing the row):
-such a lease is reported with held NULL (busy: still held, not extended; try again soon) and its current
-lease_until.
-Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
-elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
+COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
+    'Internal: lease._check_access for the queue of every row in IDS.';
 
-CREATE OR REPLACE FUNCTION lease.release(
-    id       bigint,
-    owner    text,
-    epoch    bigint,
-    outcome  text        DEFAULT 'done',
-    retry_at timestamptz DEFAULT NULL,
-    error    text        DEFAULT NULL
-) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- "grant" is a reserved word, so the arguments cannot be qualified by it.
+DECLARE
+    qn constant text := lease.checked_queue(queue);
+    r  constant regrole := lease.checked_not_null(role, 'role');
+    w  constant boolean := lease.checked_not_null(work, 'work');
+    p  constant boolean := lease.checked_not_null(produce, 'produce');
+BEGIN
+    UPDATE lease.queue q SET restricted = true WHERE q.name = qn AND NOT q.restricted;
+    INSERT INTO lease.queue_grant AS g (queue, grantee, work, produce)
+    VALUES (qn, r, w, p)
+    ON CONFLICT ON CONSTRAINT queue_grant_pkey DO UPDATE
+        SET work = EXCLUDED.work, produce = EXCLUDED.produce;
+END
+$$;
+
+COMMENT ON FUNCTION lease.grant(text, regrole, boolean, boolean) IS
+$$Grants ROLE (and its members) the right to work QUEUE (claim, reclaim_own, renew, release, fence,
+fenced_update) and/or to produce into it (enqueue, cancel), replacing ROLE's earlier grant. The first
+grant on a queue restricts it: from then on only grantees and lease_admin may use it.
+lease.grant(queue, 'lease_worker') shares it with every worker.
+Errors: 22004 an argument NULL; 42704 no such queue or role.$$;
+
+CREATE OR REPLACE FUNCTION lease.revoke(queue text, role regrole) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    o  constant text := owner;
-    oc constant text := outcome;
+    qn constant text := lease.checked_queue(queue);
+    r  constant regrole := lease.checked_not_null(role, 'role');
 BEGIN
-    -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
-        PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
-                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
-    END IF;
-    IF NOT lease.valid_time(retry_at) THEN
-        PERFORM lease.checked_time(retry_at, 'retry_at');
-    END IF;
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        PERFORM lease._check_rows(ARRAY[id], '{work}');
-    END IF;
-    -- An outcome written back to a table row: that row first (outcome.sql).
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._lock_attached_rows(ARRAY[id], true);
-    END IF;
-    IF oc = 'done' THEN
-        -- Queues that keep no history drop done rows at once: one write, not two.
-        DELETE FROM lease.job j
-         USING lease.queue q
-         WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
-           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached;
-        IF FOUND THEN
-            RETURN true;
-        END IF;
-    END IF;
-
-    UPDATE lease.job j
-       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                              THEN clock_timestamp() END,
-           attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
-           next_at     = CASE WHEN oc = 'retry'
-                              THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
-                              ELSE j.next_at END,
-           lease_until = NULL,
-           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
-      FROM lease.queue q
-     WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       AND q.name = j.queue;
+    DELETE FROM lease.queue_grant g WHERE g.queue = qn AND g.grantee = r;
     RETURN FOUND;
 END
 $$;
 
-COMMENT ON FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text) IS
-$$Ends OWNER's lease on row ID at EPOCH with an outcome, and returns true; returns false and changes
-nothing if the lease is lost (stale epoch, wrong owner, expired, already released).
-Outcomes: 'done' (finished; deleted at once if the queue's retention is 0; on an attached table's row,
-which is finished only when the table's row stops matching, a dead letter instead), 'retry' (pending again at
-retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' (dead letter now),
-'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
-into 'cancelled'. error is kept in last_error.
-Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters, retry_at
-infinite; 42501 the row's queue is restricted and the caller may not work it.$$;
+COMMENT ON FUNCTION lease.revoke(text, regrole) IS
+$$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
+lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
 
-CREATE OR REPLACE FUNCTION lease.release_batch(
-    ids      bigint[],
-    owner    text,
-    epochs   bigint[],
-    outcome  text        DEFAULT 'done',
-    retry_at timestamptz DEFAULT NULL,
-    error    text        DEFAULT NULL
-) RETURNS TABLE (id bigint, released boolean)
+CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
-    o  constant text := lease.checked_owner(owner);
-    oc constant text := lease.checked_outcome(outcome);
-    gone bigint[] := '{}';
-    gone_epochs bigint[] := '{}';
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        PERFORM lease._check_rows(ids, '{work}');
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    IF jsonb_typeof(patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._lock_attached_rows(ids, true);
-    END IF;
-    IF oc = 'done' THEN
-        WITH deleted AS (
-            DELETE FROM lease.job j
-             USING lease.queue q
-             WHERE j.id = ANY (ids)
-               AND (j.epoch = epochs[array_position(ids, j.id)]
-                    OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
-               AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-               AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-            RETURNING j.id, j.epoch
-        )
-        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}')
-          INTO gone, gone_epochs
-          FROM deleted d;
-        IF cardinality(gone) = cardinality(ids) THEN
-            -- The common case (all completions accepted): skip the UPDATE.
-            RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
-            RETURN;
-        END IF;
-    END IF;
-
-    RETURN QUERY
-    WITH updated AS (
-        UPDATE lease.job j
-           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                                  THEN clock_timestamp() END,
-               attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
-               next_at     = CASE WHEN oc = 'retry'
-                                  THEN coalesce(retry_at, clock_timestamp() + lease.backoff(j.attempt, q.backoff_base, q.backoff_max))
-                                  ELSE j.next_at END,
-               lease_until = NULL,
-               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
-          FROM lease.queue q
-         WHERE j.id = ANY (ids)
-           AND (j.epoch = epochs[array_position(ids, j.id)]
-                OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
-           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-           AND q.name = j.queue
-        RETURNING j.id, j.epoch
-    )
-    SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
-                 OR (w.id, w.epoch) IN (SELECT u.id, u.epoch FROM updated u)
-      FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
-     ORDER BY w.ord;
+    UPDATE lease.job j
+       SET payload = j.payload || patch
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
+    RETURN FOUND;
 END
 $$;
 
-COMMENT ON FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text) IS
-$$lease.release for many leases of one owner with one outcome, in one statement (batched completions).
-ids[i] goes with epochs[i]; returns (id, released) per element in input order.
-Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
-unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
-not work it.$$;
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
+is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease.claim_pending(
-    "limit" integer,
-    ttl     interval,
-    owner   text,
-    queue   text DEFAULT 'default'
-) RETURNS SETOF lease.claim
+CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
--- Without this, plpgsql re-plans the claim on every call: the custom plan for
--- a small LIMIT always looks cheaper than the generic one (measured: 20016
--- plans for 20000 calls, ~95 us each, 0.73x vs 0.56x of hand-written SQL at
--- batch 1). The generic plan was checked with EXPLAIN at 10^6 pending rows:
--- index scan on job_ready, then primary-key lookups.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    n constant integer := "limit";
-    d constant interval := ttl;
-    o constant text := owner;
-    q constant text := queue;
-    t constant timestamptz := clock_timestamp();
-    f constant bigint := lease.epoch_floor();
+    until timestamptz;
 BEGIN
-    -- The raising checks are plpgsql functions; calling four of them on every
-    -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
-    -- fails.
-    IF NOT (lease.valid_limit(n) AND lease.valid_ttl(d) AND lease.valid_owner(o) AND q IS NOT NULL) THEN
-        PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
-                lease.checked_not_null(q, 'queue');
-    END IF;
-    -- Inline, not a call of lease._check_access: this runs on every claim.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.name = q AND qu.restricted) THEN
-        PERFORM lease._check_access(q, '{work}');
-    END IF;
-    -- The reaper runs no user SQL, so expired leases of a table with
-    -- on_dead/on_cancel are recovered here, in a worker's session.
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = q AND a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._reap_with_outcomes(q, n);
-    END IF;
-    -- The picked ids are materialised once and fed to the UPDATE as an array:
-    --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
-    --    the executor and lease more than n rows (PostgreSQL bug #15715);
-    --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
-    --    cache assumes about n; a join against the CTE can turn into a hash
-    --    join over the whole table under a generic plan.
-    RETURN QUERY
-    WITH picked AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.queue = q
-           AND j.state = 'pending'
-           AND j.next_at <= t
-         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
-         LIMIT n
-           FOR UPDATE SKIP LOCKED
-    )
-    UPDATE lease.job j
-       SET state       = 'leased',
-           owner       = o,
-           epoch       = greatest(j.epoch + 1, f),
-           attempt     = j.attempt + 1,
-           lease_until = clock_timestamp() + d
-     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
-
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease._check_rows(ARRAY[id], '{work}');
+    -- Lock order for an attached table's row: the table row first, then
+    -- its lease row. Every other writer of the table takes them in that
+    -- order (its UPDATE locks the table row, then its trigger the lease
+    -- row), so fence must too, or a holder's fenced write and a user's
+    -- cancel of the same row deadlock.
+    PERFORM lease._lock_attached_rows(ARRAY[id]);
+    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
+    -- and claimers skip or wait for it, so no new epoch can be issued before
+    -- the caller's own writes commit.
+    SELECT j.lease_until INTO until
+      FROM lease.job j
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       FOR SHARE;
     IF NOT FOUND THEN
-        -- Only an empty claim pays for telling "no work" from "no such queue".
-        PERFORM lease.checked_queue(q);
-    ELSE
-        -- New leases: the reaper has work here once they may expire.
-        PERFORM lease._reaper_touch();
+        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
+            USING ERRCODE = 'LE001',
+                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
+                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
     END IF;
+    RETURN until;
 END
 $$;
 
-COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
-$$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
-token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
-in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
-never waited for. Every claim gives the row an epoch greater than any it had before, also across a
-standby promotion (see lease.epoch_floor).
-Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
-over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.reclaim_own(
-    "limit" integer,
-    ttl     interval,
-    owner   text,
-    queue   text DEFAULT 'default'
-) RETURNS SETOF lease.claim
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    n constant integer := lease.checked_limit("limit");
-    d constant interval := lease.checked_ttl(ttl);
-    o constant text := lease.checked_owner(owner);
-    q constant text := lease.checked_queue(queue);
-    f constant bigint := lease.epoch_floor();
-BEGIN
-    PERFORM lease._check_access(q, '{work}');
-    -- A process restarted under a stable owner name (a StatefulSet
-    -- hostname) takes back what its earlier incarnation held, at once and
-    -- under new epochs, instead of waiting for those leases to expire. The
-    -- earlier incarnation, if it is in fact still running, is fenced off.
-    -- Each reclaim spends an attempt; a row that has spent them all is left
-    -- to expire, and the reaper dead-letters it, so attempts stay bounded.
-    RETURN QUERY
-    WITH picked AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.queue = q AND j.state = 'leased' AND j.owner = o
-           AND j.attempt < (SELECT qu.max_attempts FROM lease.queue qu WHERE qu.name = q)
-         ORDER BY j.id
-         LIMIT n
-           FOR UPDATE SKIP LOCKED
-    )
-    UPDATE lease.job j
-       SET epoch       = greatest(j.epoch + 1, f),
-           attempt     = j.attempt + 1,
-           lease_until = clock_timestamp() + d
-     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
-    PERFORM lease._reaper_touch();
-END
-$$;
-
-COMMENT ON FUNCTION lease.reclaim_own(integer, interval, text, text) IS
-$$For a process restarted under the same OWNER name: leases again, under new epochs and for TTL, up to
-LIMIT rows of QUEUE that OWNER still holds (expired or not, but not yet reaped), so its in-progress work
-resumes at once. The earlier incarnation's tokens are fenced. Each reclaim spends an attempt; rows that
-have spent max_attempts are not reclaimed (they expire and are dead-lettered). Call it once at start-up,
-before any claim: rows the current incarnation holds would be re-issued too.
-Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
-is restricted and the caller may not work it.$$;
+COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
+current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+follow in the same transaction are ordered before any takeover. For a row of an attached table it first
+locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
+cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
+your tables.
+Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
+and the caller may not work it.$$;
 
 CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text, only_ids bigint[] DEFAULT NULL)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
@@ -806,7 +509,7 @@ BEGIN
            SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
                finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
-               next_at     = t + lease.backoff(j.attempt, q.backoff_base, q.backoff_max),
+               next_at     = t + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
@@ -894,82 +597,14 @@ COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
 (dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
-CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
-    IF jsonb_typeof(patch) <> 'object' THEN
-        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    UPDATE lease.job j
-       SET payload = j.payload || patch
-     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
-$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
-is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    until timestamptz;
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}');
-    -- Lock order for an attached table's row: the table row first, then
-    -- its lease row. Every other writer of the table takes them in that
-    -- order (its UPDATE locks the table row, then its trigger the lease
-    -- row), so fence must too, or a holder's fenced write and a user's
-    -- cancel of the same row deadlock.
-    PERFORM lease._lock_attached_rows(ARRAY[id]);
-    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
-    -- and claimers skip or wait for it, so no new epoch can be issued before
-    -- the caller's own writes commit.
-    SELECT j.lease_until INTO until
-      FROM lease.job j
-     WHERE j.id = fence.id AND j.epoch = fence.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
-            USING ERRCODE = 'LE001',
-                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
-                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
-    END IF;
-    RETURN until;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
-$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
-current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
-follow in the same transaction are ordered before any takeover. For a row of an attached table it first
-locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
-cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
-your tables.
-Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
 CREATE OR REPLACE FUNCTION lease.create_queue(
     name           text,
     max_attempts   integer  DEFAULT 25,
     backoff_base   interval DEFAULT '1 second',
     backoff_max    interval DEFAULT '1 hour',
     retention      interval DEFAULT '0',
-    dead_retention interval DEFAULT '7 days'
+    dead_retention interval DEFAULT '7 days',
+    jitter         text     DEFAULT 'full'
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -989,28 +624,35 @@ BEGIN
             lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
             lease.checked_span(retention, interval '36500 days', 'retention'),
             lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    IF jitter IS NULL OR jitter NOT IN ('full', 'none') THEN
+        RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
         RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention)
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention)
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
             backoff_max    = EXCLUDED.backoff_max,
             retention      = EXCLUDED.retention,
-            dead_retention = EXCLUDED.dead_retention;
+            dead_retention = EXCLUDED.dead_retention,
+            jitter         = EXCLUDED.jitter;
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
+jitter: 'full' (default) makes each retry delay uniform in [0, that delay), so rows that failed together do
+not come back together; 'none' keeps it exact.
 retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
 Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
@@ -1801,6 +1443,385 @@ $$;
 COMMENT ON FUNCTION lease._reap_with_outcomes(text, integer) IS
     'Internal: reaps up to MAX_ROWS expired leases of QUEUE, an attached table with on_dead/on_cancel, table rows locked first; called by claim_pending.';
 
+CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
+RETURNS lease.renewal
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o constant text := owner;
+    d constant interval := ttl;
+    result lease.renewal;
+BEGIN
+    -- The checks run only when an argument is off (see lease.claim_pending).
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_ttl(d)) THEN
+        PERFORM lease.checked_owner(o), lease.checked_ttl(d),
+                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    END IF;
+    -- Inline, not a call of lease._check_rows: this runs on every renewal.
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        PERFORM lease._check_rows(ARRAY[id], '{work}');
+    END IF;
+    UPDATE lease.job j
+       SET lease_until = clock_timestamp() + d
+     WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+    RETURNING j.id, true, j.lease_until, j.cancel_requested
+      INTO result;
+    IF NOT FOUND THEN
+        result := ROW(renew.id, false, NULL, NULL);
+    END IF;
+    RETURN result;
+END
+$$;
+
+COMMENT ON FUNCTION lease.renew(bigint, text, bigint, interval) IS
+$$Extends OWNER's lease on row ID at EPOCH to now + TTL (database clock). Returns (id, held, lease_until,
+cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
+means lease.cancel was called and the owner should stop and release.
+Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters;
+42501 the row's queue is restricted and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval)
+RETURNS SETOF lease.renewal
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o constant text := lease.checked_owner(owner);
+    d constant interval := lease.checked_ttl(ttl);
+BEGIN
+    PERFORM lease.checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
+    RETURN QUERY
+    WITH held AS MATERIALIZED (
+        -- A heartbeat locks many rows; waiting for one that another
+        -- transaction holds (a writer of an attached table removing it, in
+        -- its own order) while holding the others can deadlock. So rows
+        -- locked by others are skipped and reported as busy (held NULL).
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.id = ANY (ids)
+           AND (j.epoch = epochs[array_position(ids, j.id)]
+                OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
+           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE lease.job j
+           SET lease_until = clock_timestamp() + d
+         WHERE j.id = ANY (ARRAY(SELECT h.id FROM held h))
+        RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
+    )
+    -- Matched on (id, epoch): a stale epoch listed beside the current one
+    -- for the same id is reported as lost. A row not renewed that this
+    -- statement still sees held was skipped as locked: busy.
+    SELECT w.id,
+           CASE WHEN r.id IS NOT NULL THEN true WHEN s.id IS NOT NULL THEN NULL ELSE false END,
+           coalesce(r.lease_until, s.lease_until),
+           coalesce(r.cancel_requested, s.cancel_requested)
+      FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
+      LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
+      LEFT JOIN lease.job s ON r.id IS NULL AND s.id = w.id AND s.epoch = w.epoch AND s.owner = o
+                           AND s.state = 'leased' AND s.lease_until > clock_timestamp()
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval) IS
+$$lease.renew for many leases of one owner in one statement (one round trip per heartbeat). ids[i] goes
+with epochs[i]; returns one lease.renewal per element, in input order. It never waits for a row another
+transaction holds locked (the owner's own open fence, a writer of an attached table removing the row):
+such a lease is reported with held NULL (busy: still held, not extended; try again soon) and its current
+lease_until.
+Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
+elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.release(
+    id       bigint,
+    owner    text,
+    epoch    bigint,
+    outcome  text        DEFAULT 'done',
+    retry_at timestamptz DEFAULT NULL,
+    error    text        DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    o  constant text := owner;
+    oc constant text := outcome;
+BEGIN
+    -- The checks run only when an argument is off (see lease.claim_pending).
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
+        PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
+                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    END IF;
+    IF NOT lease.valid_time(retry_at) THEN
+        PERFORM lease.checked_time(retry_at, 'retry_at');
+    END IF;
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        PERFORM lease._check_rows(ARRAY[id], '{work}');
+    END IF;
+    -- An outcome written back to a table row: that row first (outcome.sql).
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
+        PERFORM lease._lock_attached_rows(ARRAY[id], true);
+    END IF;
+    IF oc = 'done' THEN
+        -- Queues that keep no history drop done rows at once: one write, not two.
+        DELETE FROM lease.job j
+         USING lease.queue q
+         WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
+           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+    END IF;
+
+    UPDATE lease.job j
+       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+                              THEN clock_timestamp() END,
+           attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
+           next_at     = CASE WHEN oc = 'retry'
+                              THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                              ELSE j.next_at END,
+           lease_until = NULL,
+           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
+      FROM lease.queue q
+     WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       AND q.name = j.queue;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text) IS
+$$Ends OWNER's lease on row ID at EPOCH with an outcome, and returns true; returns false and changes
+nothing if the lease is lost (stale epoch, wrong owner, expired, already released).
+Outcomes: 'done' (finished; deleted at once if the queue's retention is 0; on an attached table's row,
+which is finished only when the table's row stops matching, a dead letter instead), 'retry' (pending again at
+retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' (dead letter now),
+'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
+into 'cancelled'. error is kept in last_error.
+Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters, retry_at
+infinite; 42501 the row's queue is restricted and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.release_batch(
+    ids      bigint[],
+    owner    text,
+    epochs   bigint[],
+    outcome  text        DEFAULT 'done',
+    retry_at timestamptz DEFAULT NULL,
+    error    text        DEFAULT NULL
+) RETURNS TABLE (id bigint, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o  constant text := lease.checked_owner(owner);
+    oc constant text := lease.checked_outcome(outcome);
+    gone bigint[] := '{}';
+    gone_epochs bigint[] := '{}';
+BEGIN
+    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        PERFORM lease._check_rows(ids, '{work}');
+    END IF;
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
+        PERFORM lease._lock_attached_rows(ids, true);
+    END IF;
+    IF oc = 'done' THEN
+        WITH deleted AS (
+            DELETE FROM lease.job j
+             USING lease.queue q
+             WHERE j.id = ANY (ids)
+               AND (j.epoch = epochs[array_position(ids, j.id)]
+                    OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
+               AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+               AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
+            RETURNING j.id, j.epoch
+        )
+        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}')
+          INTO gone, gone_epochs
+          FROM deleted d;
+        IF cardinality(gone) = cardinality(ids) THEN
+            -- The common case (all completions accepted): skip the UPDATE.
+            RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
+            RETURN;
+        END IF;
+    END IF;
+
+    RETURN QUERY
+    WITH updated AS (
+        UPDATE lease.job j
+           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+                                  THEN clock_timestamp() END,
+               attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
+               next_at     = CASE WHEN oc = 'retry'
+                                  THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                                  ELSE j.next_at END,
+               lease_until = NULL,
+               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
+          FROM lease.queue q
+         WHERE j.id = ANY (ids)
+           AND (j.epoch = epochs[array_position(ids, j.id)]
+                OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
+           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND q.name = j.queue
+        RETURNING j.id, j.epoch
+    )
+    SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
+                 OR (w.id, w.epoch) IN (SELECT u.id, u.epoch FROM updated u)
+      FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text) IS
+$$lease.release for many leases of one owner with one outcome, in one statement (batched completions).
+ids[i] goes with epochs[i]; returns (id, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
+not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.claim_pending(
+    "limit" integer,
+    ttl     interval,
+    owner   text,
+    queue   text DEFAULT 'default'
+) RETURNS SETOF lease.claim
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Without this, plpgsql re-plans the claim on every call: the custom plan for
+-- a small LIMIT always looks cheaper than the generic one (measured: 20016
+-- plans for 20000 calls, ~95 us each, 0.73x vs 0.56x of hand-written SQL at
+-- batch 1). The generic plan was checked with EXPLAIN at 10^6 pending rows:
+-- index scan on job_ready, then primary-key lookups.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n constant integer := "limit";
+    d constant interval := ttl;
+    o constant text := owner;
+    q constant text := queue;
+    t constant timestamptz := clock_timestamp();
+    f constant bigint := lease.epoch_floor();
+BEGIN
+    -- The raising checks are plpgsql functions; calling four of them on every
+    -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
+    -- fails.
+    IF NOT (lease.valid_limit(n) AND lease.valid_ttl(d) AND lease.valid_owner(o) AND q IS NOT NULL) THEN
+        PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
+                lease.checked_not_null(q, 'queue');
+    END IF;
+    -- Inline, not a call of lease._check_access: this runs on every claim.
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.name = q AND qu.restricted) THEN
+        PERFORM lease._check_access(q, '{work}');
+    END IF;
+    -- The reaper runs no user SQL, so expired leases of a table with
+    -- on_dead/on_cancel are recovered here, in a worker's session.
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = q AND a.outcome_function IS NOT NULL) THEN
+        PERFORM lease._reap_with_outcomes(q, n);
+    END IF;
+    -- The picked ids are materialised once and fed to the UPDATE as an array:
+    --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
+    --    the executor and lease more than n rows (PostgreSQL bug #15715);
+    --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
+    --    cache assumes about n; a join against the CTE can turn into a hash
+    --    join over the whole table under a generic plan.
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.queue = q
+           AND j.state = 'pending'
+           AND j.next_at <= t
+         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE lease.job j
+       SET state       = 'leased',
+           owner       = o,
+           epoch       = greatest(j.epoch + 1, f),
+           attempt     = j.attempt + 1,
+           lease_until = clock_timestamp() + d
+     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+
+    IF NOT FOUND THEN
+        -- Only an empty claim pays for telling "no work" from "no such queue".
+        PERFORM lease.checked_queue(q);
+    ELSE
+        -- New leases: the reaper has work here once they may expire.
+        PERFORM lease._reaper_touch();
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
+$$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
+token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
+in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
+never waited for. Every claim gives the row an epoch greater than any it had before, also across a
+standby promotion (see lease.epoch_floor).
+Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
+over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.reclaim_own(
+    "limit" integer,
+    ttl     interval,
+    owner   text,
+    queue   text DEFAULT 'default'
+) RETURNS SETOF lease.claim
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n constant integer := lease.checked_limit("limit");
+    d constant interval := lease.checked_ttl(ttl);
+    o constant text := lease.checked_owner(owner);
+    q constant text := lease.checked_queue(queue);
+    f constant bigint := lease.epoch_floor();
+BEGIN
+    PERFORM lease._check_access(q, '{work}');
+    -- A process restarted under a stable owner name (a StatefulSet
+    -- hostname) takes back what its earlier incarnation held, at once and
+    -- under new epochs, instead of waiting for those leases to expire. The
+    -- earlier incarnation, if it is in fact still running, is fenced off.
+    -- Each reclaim spends an attempt; a row that has spent them all is left
+    -- to expire, and the reaper dead-letters it, so attempts stay bounded.
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.queue = q AND j.state = 'leased' AND j.owner = o
+           AND j.attempt < (SELECT qu.max_attempts FROM lease.queue qu WHERE qu.name = q)
+         ORDER BY j.id
+         LIMIT n
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE lease.job j
+       SET epoch       = greatest(j.epoch + 1, f),
+           attempt     = j.attempt + 1,
+           lease_until = clock_timestamp() + d
+     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    PERFORM lease._reaper_touch();
+END
+$$;
+
+COMMENT ON FUNCTION lease.reclaim_own(integer, interval, text, text) IS
+$$For a process restarted under the same OWNER name: leases again, under new epochs and for TTL, up to
+LIMIT rows of QUEUE that OWNER still holds (expired or not, but not yet reaped), so its in-progress work
+resumes at once. The earlier incarnation's tokens are fenced. Each reclaim spends an attempt; rows that
+have spent max_attempts are not reclaimed (they expire and are dead-lettered). Call it once at start-up,
+before any claim: rows the current incarnation holds would be re-issued too.
+Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
+is restricted and the caller may not work it.$$;
+
 COMMENT ON FUNCTION lease._qualified_predicate(oid, oid, text) IS
 $$Internal: the expression of the first column of VIEW, printed with every column of TABLE qualified by
 ALIAS (lease.attach turns a predicate into trigger WHEN clauses with it). Errors: 42809 not a view.$$;
@@ -1980,6 +2001,7 @@ TO lease_worker;
 GRANT EXECUTE ON FUNCTION
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text),
     lease.requeue(bigint),
     lease.reap(integer),
     lease.attach(regclass, text, text, integer, interval, interval, interval, name, text, text),

@@ -419,7 +419,7 @@ mod tests {
 
     #[pg_test]
     fn retry_applies_backoff_and_dead_letters_at_max_attempts() {
-        run("SELECT lease.create_queue('q', max_attempts => 2, backoff_base => '10 seconds', backoff_max => '15 seconds')");
+        run("SELECT lease.create_queue('q', max_attempts => 2, backoff_base => '10 seconds', backoff_max => '15 seconds', jitter => 'none')");
         let id = int("SELECT lease.enqueue('q', '{}')");
         let (_, e1) = claim_one("w", "1 minute", "q");
         assert!(check(&format!(
@@ -451,7 +451,7 @@ mod tests {
 
     #[pg_test]
     fn retry_at_and_backoff_cap() {
-        run("SELECT lease.create_queue('q', backoff_base => '10 seconds', backoff_max => '15 seconds')");
+        run("SELECT lease.create_queue('q', backoff_base => '10 seconds', backoff_max => '15 seconds', jitter => 'none')");
         let id = int("SELECT lease.enqueue('q', '{}')");
         run(&format!("UPDATE lease.job SET attempt = 4 WHERE id = {id}"));
         let (_, e) = claim_one("w", "1 minute", "q");

@@ -18,10 +18,11 @@ impl Client {
         let retention = micros(options.retention, "retention")?;
         let dead = micros(options.dead_retention, "dead_retention")?;
         let attempts = options.max_attempts;
+        let jitter = if options.jitter { "full" } else { "none" };
         self.call(|c| async move {
             c.query(
                 Query::CreateQueue,
-                &[&name, &attempts, &base, &max, &retention, &dead],
+                &[&name, &attempts, &base, &max, &retention, &dead, &jitter],
             )
             .await
             .map(drop)

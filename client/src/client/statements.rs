@@ -154,7 +154,7 @@ impl Query {
                 micros!("5"),
                 ", dead_retention => ",
                 micros!("6"),
-                ")"
+                ", jitter => $7::text)"
             ),
             S::DropQueue => "SELECT lease.drop_queue(name => $1::text, force => $2::boolean)",
             S::Reap => concat!(
