@@ -39,7 +39,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
 GRANT USAGE ON SCHEMA lease TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.enqueue(text, jsonb, text, timestamptz, integer),
+    lease.enqueue(text, jsonb, text, timestamptz, integer, text),
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer),
     lease.claim_pending(integer, interval, text, text),
     lease.reclaim_own(integer, interval, text, text),

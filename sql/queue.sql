@@ -153,13 +153,12 @@ CREATE FUNCTION lease.enqueue(
     payload  jsonb,
     key      text        DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
+    priority integer     DEFAULT 0,
+    unique_key text      DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
--- ON CONFLICT (queue, key) names columns, not this function's arguments.
-#variable_conflict use_column
 DECLARE
     q  constant text := lease._checked_producer_queue(queue);
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
@@ -167,28 +166,50 @@ DECLARE
     t  constant timestamptz := clock_timestamp();
     new_id bigint;
 BEGIN
-    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
-    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
-    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
-    RETURNING j.id INTO new_id;
-    IF new_id IS NULL THEN
-        -- Same (queue, key) already there: hand back its id, change nothing.
-        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
-    ELSIF coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, 1);
-    END IF;
-    RETURN new_id;
+    -- A row in the way is either the same key (any state, while retained)
+    -- or the same unique_key while pending or leased; the insert waits for
+    -- a concurrent producer's row and then sees it, so one row wins. The
+    -- row found may finish before it is read: then try again.
+    FOR tries IN 1..3 LOOP
+        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key)
+        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key)
+        ON CONFLICT DO NOTHING
+        RETURNING j.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            IF coalesce(r, t) <= t THEN
+                PERFORM lease.wake(q, 1);
+            END IF;
+            RETURN new_id;
+        END IF;
+        -- Hand back the row in the way, change nothing.
+        SELECT j.id INTO new_id
+          FROM lease.job j
+         WHERE j.queue = q
+           AND (j.key = enqueue.key
+                OR (j.unique_key = enqueue.unique_key AND j.state IN ('pending', 'leased')))
+         ORDER BY j.key IS NOT DISTINCT FROM enqueue.key DESC
+         LIMIT 1;
+        IF new_id IS NOT NULL THEN
+            RETURN new_id;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'enqueue into "%" kept conflicting with rows that finished before they could be read', q
+        USING ERRCODE = 'serialization_failure', HINT = 'Retry the enqueue.';
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
-returns the existing row's id and changes nothing (for as long as that row is retained).
+returns the existing row's id and changes nothing (for as long as that row is retained, whatever its
+state). With a unique_key, at most one row per (queue, unique_key) is pending or leased: while one is,
+enqueue returns its id and changes nothing; once it has finished (done, dead, cancelled), the same
+unique_key enqueues a new row. Concurrent producers of one key or unique_key get one row and one id.
 A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
 Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
-not produce into it; 22P02 payload is not valid JSON.$$;
+not produce into it; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
+before it could be read.$$;
 
 CREATE FUNCTION lease.enqueue_batch(
     queue    text,

@@ -77,7 +77,9 @@ CREATE TABLE lease.job (
     cancel_requested boolean NOT NULL DEFAULT false,
     last_error       text,
     created_at       timestamptz NOT NULL,
-    finished_at      timestamptz
+    finished_at      timestamptz,
+    -- enqueue's unique_key: at most one pending or leased row per value.
+    unique_key       text
 )
 -- Free space on each page so that renewals (lease_until only, which no index
 -- covers) stay HOT updates.
@@ -98,6 +100,10 @@ CREATE INDEX job_leased ON lease.job (id)
 -- Idempotent enqueue.
 CREATE UNIQUE INDEX job_key ON lease.job (queue, key)
     WHERE key IS NOT NULL;
+-- Uniqueness while active (enqueue's unique_key): only pending and leased
+-- rows are in it, so a finished row's value may be enqueued again.
+CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
 -- Retention purge and dead-letter listing.
 CREATE INDEX job_finished ON lease.job (queue, finished_at)
     WHERE state IN ('done', 'dead', 'cancelled');

@@ -50,6 +50,10 @@ pub struct EnqueueOptions {
     pub delay: Option<Duration>,
     /// Higher is claimed first. Default 0.
     pub priority: i32,
+    /// Uniqueness while active: while a row of the queue with this
+    /// `unique_key` is pending or leased, enqueue returns its id and adds
+    /// nothing; once it has finished, a new row is added. Default: none.
+    pub unique_key: Option<String>,
 }
 
 /// Options of one [`Client::enqueue_batch`](crate::Client::enqueue_batch).

@@ -26,6 +26,10 @@ DROP INDEX lease.job_ready;
 CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
     WHERE state = 'pending';
 
+ALTER TABLE lease.job ADD COLUMN unique_key text;
+CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
+
 CREATE TABLE lease.queue_grant (
     queue   text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
     grantee regrole NOT NULL,
@@ -75,6 +79,8 @@ DROP FUNCTION lease.next_state(text, boolean, integer, integer);
 DROP FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval);
 -- Gained jitter.
 DROP FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval);
+-- Gained unique_key.
+DROP FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer);
 -- Changes language and body; its signature stays, but dropping is simplest.
 DROP FUNCTION lease.reap(integer);
 DROP VIEW lease.reaper_stats;
@@ -222,260 +228,6 @@ RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random
 COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
     'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
 
-CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
-LANGUAGE sql STABLE
-RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
-                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
-                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                    AND s.setrole = 0), 0);
-
-COMMENT ON FUNCTION lease._named_epoch_watermark() IS
-    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
-
-CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
-BEGIN
-    -- At ddl_command_start it is not known yet which extension goes; any
-    -- DROP EXTENSION records (rare, and harmless for the others).
-    IF highest > lease._named_epoch_watermark() THEN
-        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
-                       current_database(), highest);
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._remember_named_epochs() IS
-    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
-
-CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
-    f  constant bigint := lease.epoch_floor();
-    got bigint;
-BEGIN
-    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
-    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
-    ON CONFLICT (name) DO UPDATE
-        SET owner       = EXCLUDED.owner,
-            epoch       = greatest(n.epoch + 1, f),
-            lease_until = clock_timestamp() + d,
-            acquired_at = clock_timestamp()
-        -- Free, or held by this owner name (a restarted process): either way
-        -- the new epoch fences every earlier holder.
-        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
-    RETURNING n.epoch INTO got;
-    RETURN got;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
-RETURNS TABLE (name text, released boolean)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    o constant text := lease.checked_owner(owner);
-BEGIN
-    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
-       OR array_position(epochs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
-        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
-            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN QUERY
-    WITH released AS (
-        UPDATE lease.named_lease n
-           SET lease_until = clock_timestamp()
-          FROM unnest(names, epochs) AS w(name, epoch)
-         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
-           AND n.lease_until > clock_timestamp()
-        RETURNING n.name, n.epoch
-    )
-    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
-      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
-     ORDER BY w.ord;
-END
-$$;
-
-COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
-$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
-names[i] goes with epochs[i]; returns (name, released) per element in input order.
-Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
-owner invalid.$$;
-
-CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
-            ELSE current_setting('role')::name END;
-
-COMMENT ON FUNCTION lease._caller() IS
-    'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
-
-CREATE OR REPLACE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
-LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    who constant name := lease._caller();
-BEGIN
-    IF coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _check_access.queue), false)
-       AND NOT pg_has_role(who, 'lease_admin', 'MEMBER')
-       AND NOT EXISTS (
-           SELECT FROM lease.queue_grant g
-            WHERE g.queue = _check_access.queue
-              AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
-              AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
-    THEN
-        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'An admin grants it with lease.grant(queue, role).';
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._check_access(text, text[]) IS
-    'Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it.';
-
-CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
-LANGUAGE plpgsql STABLE
-AS $$
-BEGIN
-    -- The common case, no restricted queue at all, costs one small scan.
-    IF EXISTS (SELECT FROM lease.queue q WHERE q.restricted) THEN
-        PERFORM lease._check_access(d.queue, rights)
-           FROM (SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids)) AS d;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
-    'Internal: lease._check_access for the queue of every row in IDS.';
-
-CREATE OR REPLACE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
-RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
--- "grant" is a reserved word, so the arguments cannot be qualified by it.
-DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
-    w  constant boolean := lease.checked_not_null(work, 'work');
-    p  constant boolean := lease.checked_not_null(produce, 'produce');
-BEGIN
-    UPDATE lease.queue q SET restricted = true WHERE q.name = qn AND NOT q.restricted;
-    INSERT INTO lease.queue_grant AS g (queue, grantee, work, produce)
-    VALUES (qn, r, w, p)
-    ON CONFLICT ON CONSTRAINT queue_grant_pkey DO UPDATE
-        SET work = EXCLUDED.work, produce = EXCLUDED.produce;
-END
-$$;
-
-COMMENT ON FUNCTION lease.grant(text, regrole, boolean, boolean) IS
-$$Grants ROLE (and its members) the right to work QUEUE (claim, reclaim_own, renew, release, fence,
-fenced_update) and/or to produce into it (enqueue, cancel), replacing ROLE's earlier grant. The first
-grant on a queue restricts it: from then on only grantees and lease_admin may use it.
-lease.grant(queue, 'lease_worker') shares it with every worker.
-Errors: 22004 an argument NULL; 42704 no such queue or role.$$;
-
-CREATE OR REPLACE FUNCTION lease.revoke(queue text, role regrole) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
-BEGIN
-    DELETE FROM lease.queue_grant g WHERE g.queue = qn AND g.grantee = r;
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.revoke(text, regrole) IS
-$$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
-lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
-
-CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
-    IF jsonb_typeof(patch) <> 'object' THEN
-        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    UPDATE lease.job j
-       SET payload = j.payload || patch
-     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
-    RETURN FOUND;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
-$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
-is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
-CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    until timestamptz;
-BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}');
-    -- Lock order for an attached table's row: the table row first, then
-    -- its lease row. Every other writer of the table takes them in that
-    -- order (its UPDATE locks the table row, then its trigger the lease
-    -- row), so fence must too, or a holder's fenced write and a user's
-    -- cancel of the same row deadlock.
-    PERFORM lease._lock_attached_rows(ARRAY[id]);
-    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
-    -- and claimers skip or wait for it, so no new epoch can be issued before
-    -- the caller's own writes commit.
-    SELECT j.lease_until INTO until
-      FROM lease.job j
-     WHERE j.id = fence.id AND j.epoch = fence.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
-            USING ERRCODE = 'LE001',
-                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
-                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
-    END IF;
-    RETURN until;
-END
-$$;
-
-COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
-$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
-current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
-follow in the same transaction are ordered before any takeover. For a row of an attached table it first
-locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
-cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
-your tables.
-Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
-
 CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text, only_ids bigint[] DEFAULT NULL)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
 LANGUAGE plpgsql VOLATILE
@@ -596,6 +348,97 @@ $$;
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
 (dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
+            ELSE current_setting('role')::name END;
+
+COMMENT ON FUNCTION lease._caller() IS
+    'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
+
+CREATE OR REPLACE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    who constant name := lease._caller();
+BEGIN
+    IF coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _check_access.queue), false)
+       AND NOT pg_has_role(who, 'lease_admin', 'MEMBER')
+       AND NOT EXISTS (
+           SELECT FROM lease.queue_grant g
+            WHERE g.queue = _check_access.queue
+              AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
+              AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
+    THEN
+        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'An admin grants it with lease.grant(queue, role).';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_access(text, text[]) IS
+    'Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it.';
+
+CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    -- The common case, no restricted queue at all, costs one small scan.
+    IF EXISTS (SELECT FROM lease.queue q WHERE q.restricted) THEN
+        PERFORM lease._check_access(d.queue, rights)
+           FROM (SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids)) AS d;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
+    'Internal: lease._check_access for the queue of every row in IDS.';
+
+CREATE OR REPLACE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+-- "grant" is a reserved word, so the arguments cannot be qualified by it.
+DECLARE
+    qn constant text := lease.checked_queue(queue);
+    r  constant regrole := lease.checked_not_null(role, 'role');
+    w  constant boolean := lease.checked_not_null(work, 'work');
+    p  constant boolean := lease.checked_not_null(produce, 'produce');
+BEGIN
+    UPDATE lease.queue q SET restricted = true WHERE q.name = qn AND NOT q.restricted;
+    INSERT INTO lease.queue_grant AS g (queue, grantee, work, produce)
+    VALUES (qn, r, w, p)
+    ON CONFLICT ON CONSTRAINT queue_grant_pkey DO UPDATE
+        SET work = EXCLUDED.work, produce = EXCLUDED.produce;
+END
+$$;
+
+COMMENT ON FUNCTION lease.grant(text, regrole, boolean, boolean) IS
+$$Grants ROLE (and its members) the right to work QUEUE (claim, reclaim_own, renew, release, fence,
+fenced_update) and/or to produce into it (enqueue, cancel), replacing ROLE's earlier grant. The first
+grant on a queue restricts it: from then on only grantees and lease_admin may use it.
+lease.grant(queue, 'lease_worker') shares it with every worker.
+Errors: 22004 an argument NULL; 42704 no such queue or role.$$;
+
+CREATE OR REPLACE FUNCTION lease.revoke(queue text, role regrole) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    qn constant text := lease.checked_queue(queue);
+    r  constant regrole := lease.checked_not_null(role, 'role');
+BEGIN
+    DELETE FROM lease.queue_grant g WHERE g.queue = qn AND g.grantee = r;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.revoke(text, regrole) IS
+$$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
+lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
 
 CREATE OR REPLACE FUNCTION lease.create_queue(
     name           text,
@@ -718,13 +561,12 @@ CREATE OR REPLACE FUNCTION lease.enqueue(
     payload  jsonb,
     key      text        DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
+    priority integer     DEFAULT 0,
+    unique_key text      DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
--- ON CONFLICT (queue, key) names columns, not this function's arguments.
-#variable_conflict use_column
 DECLARE
     q  constant text := lease._checked_producer_queue(queue);
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
@@ -732,28 +574,50 @@ DECLARE
     t  constant timestamptz := clock_timestamp();
     new_id bigint;
 BEGIN
-    INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at)
-    VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t)
-    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
-    RETURNING j.id INTO new_id;
-    IF new_id IS NULL THEN
-        -- Same (queue, key) already there: hand back its id, change nothing.
-        SELECT j.id INTO new_id FROM lease.job j WHERE j.queue = q AND j.key = enqueue.key;
-    ELSIF coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, 1);
-    END IF;
-    RETURN new_id;
+    -- A row in the way is either the same key (any state, while retained)
+    -- or the same unique_key while pending or leased; the insert waits for
+    -- a concurrent producer's row and then sees it, so one row wins. The
+    -- row found may finish before it is read: then try again.
+    FOR tries IN 1..3 LOOP
+        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key)
+        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key)
+        ON CONFLICT DO NOTHING
+        RETURNING j.id INTO new_id;
+        IF new_id IS NOT NULL THEN
+            IF coalesce(r, t) <= t THEN
+                PERFORM lease.wake(q, 1);
+            END IF;
+            RETURN new_id;
+        END IF;
+        -- Hand back the row in the way, change nothing.
+        SELECT j.id INTO new_id
+          FROM lease.job j
+         WHERE j.queue = q
+           AND (j.key = enqueue.key
+                OR (j.unique_key = enqueue.unique_key AND j.state IN ('pending', 'leased')))
+         ORDER BY j.key IS NOT DISTINCT FROM enqueue.key DESC
+         LIMIT 1;
+        IF new_id IS NOT NULL THEN
+            RETURN new_id;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'enqueue into "%" kept conflicting with rows that finished before they could be read', q
+        USING ERRCODE = 'serialization_failure', HINT = 'Retry the enqueue.';
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer) IS
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
-returns the existing row's id and changes nothing (for as long as that row is retained).
+returns the existing row's id and changes nothing (for as long as that row is retained, whatever its
+state). With a unique_key, at most one row per (queue, unique_key) is pending or leased: while one is,
+enqueue returns its id and changes nothing; once it has finished (done, dead, cancelled), the same
+unique_key enqueues a new row. Concurrent producers of one key or unique_key get one row and one id.
 A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
 Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
-not produce into it; 22P02 payload is not valid JSON.$$;
+not produce into it; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
+before it could be read.$$;
 
 CREATE OR REPLACE FUNCTION lease.enqueue_batch(
     queue    text,
@@ -1443,6 +1307,75 @@ $$;
 COMMENT ON FUNCTION lease._reap_with_outcomes(text, integer) IS
     'Internal: reaps up to MAX_ROWS expired leases of QUEUE, an attached table with on_dead/on_cancel, table rows locked first; called by claim_pending.';
 
+CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    IF jsonb_typeof(patch) <> 'object' THEN
+        RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE lease.job j
+       SET payload = j.payload || patch
+     WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+$$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
+is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+and the caller may not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    until timestamptz;
+BEGIN
+    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+            lease._check_rows(ARRAY[id], '{work}');
+    -- Lock order for an attached table's row: the table row first, then
+    -- its lease row. Every other writer of the table takes them in that
+    -- order (its UPDATE locks the table row, then its trigger the lease
+    -- row), so fence must too, or a holder's fenced write and a user's
+    -- cancel of the same row deadlock.
+    PERFORM lease._lock_attached_rows(ARRAY[id]);
+    -- FOR SHARE holds the row until the caller's transaction ends: the reaper
+    -- and claimers skip or wait for it, so no new epoch can be issued before
+    -- the caller's own writes commit.
+    SELECT j.lease_until INTO until
+      FROM lease.job j
+     WHERE j.id = fence.id AND j.epoch = fence.epoch
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
+            USING ERRCODE = 'LE001',
+                  DETAIL = 'The lease expired, was released, or a newer epoch took over.',
+                  HINT = 'Roll back: this transaction must not write on behalf of a lost lease.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+$$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
+current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+follow in the same transaction are ordered before any takeover. For a row of an attached table it first
+locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
+cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
+your tables.
+Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
+and the caller may not work it.$$;
+
 CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
 RETURNS lease.renewal
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1822,6 +1755,100 @@ before any claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
 is restricted and the caller may not work it.$$;
 
+CREATE OR REPLACE FUNCTION lease._named_epoch_watermark() RETURNS bigint
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT max(substring(c FROM '^pg_lease\.named_epoch_watermark=(\d+)$')::bigint)
+                   FROM pg_db_role_setting s, unnest(s.setconfig) AS c
+                  WHERE s.setdatabase = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                    AND s.setrole = 0), 0);
+
+COMMENT ON FUNCTION lease._named_epoch_watermark() IS
+    'Internal: the highest named-lease epoch an earlier install of pg_lease in this database issued (0 if none).';
+
+CREATE OR REPLACE FUNCTION lease._remember_named_epochs() RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    highest constant bigint := (SELECT max(n.epoch) FROM lease.named_lease n);
+BEGIN
+    -- At ddl_command_start it is not known yet which extension goes; any
+    -- DROP EXTENSION records (rare, and harmless for the others).
+    IF highest > lease._named_epoch_watermark() THEN
+        EXECUTE format('ALTER DATABASE %I SET pg_lease.named_epoch_watermark = %L',
+                       current_database(), highest);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._remember_named_epochs() IS
+    'Internal event trigger function (DROP EXTENSION): keeps the highest named-lease epoch as a database setting.';
+
+CREATE OR REPLACE FUNCTION lease.try_acquire(name text, owner text, ttl interval) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    nm constant text := lease.checked_name(name);
+    o  constant text := lease.checked_owner(owner);
+    d  constant interval := lease.checked_ttl(ttl);
+    f  constant bigint := lease.epoch_floor();
+    got bigint;
+BEGIN
+    INSERT INTO lease.named_lease AS n (name, owner, epoch, lease_until, acquired_at)
+    VALUES (nm, o, greatest(f, lease._named_epoch_watermark() + 1), clock_timestamp() + d, clock_timestamp())
+    ON CONFLICT (name) DO UPDATE
+        SET owner       = EXCLUDED.owner,
+            epoch       = greatest(n.epoch + 1, f),
+            lease_until = clock_timestamp() + d,
+            acquired_at = clock_timestamp()
+        -- Free, or held by this owner name (a restarted process): either way
+        -- the new epoch fences every earlier holder.
+        WHERE n.lease_until <= clock_timestamp() OR n.owner = EXCLUDED.owner
+    RETURNING n.epoch INTO got;
+    RETURN got;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    o constant text := lease.checked_owner(owner);
+BEGIN
+    IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
+       OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'names and epochs must not be NULL nor contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(names) <> cardinality(epochs) OR cardinality(names) > 10000 THEN
+        RAISE EXCEPTION 'names (%) and epochs (%) must have the same length, at most 10000',
+            cardinality(names), cardinality(epochs) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH released AS (
+        UPDATE lease.named_lease n
+           SET lease_until = clock_timestamp()
+          FROM unnest(names, epochs) AS w(name, epoch)
+         WHERE n.name = w.name AND n.epoch = w.epoch AND n.owner = o
+           AND n.lease_until > clock_timestamp()
+        RETURNING n.name, n.epoch
+    )
+    SELECT w.name, EXISTS (SELECT FROM released r WHERE r.name = w.name AND r.epoch = w.epoch)
+      FROM unnest(names, epochs) WITH ORDINALITY AS w(name, epoch, ord)
+     ORDER BY w.ord;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
+names[i] goes with epochs[i]; returns (name, released) per element in input order.
+Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
+owner invalid.$$;
+
 COMMENT ON FUNCTION lease._qualified_predicate(oid, oid, text) IS
 $$Internal: the expression of the first column of VIEW, printed with every column of TABLE qualified by
 ALIAS (lease.attach turns a predicate into trigger WHEN clauses with it). Errors: 42809 not a view.$$;
@@ -1829,6 +1856,12 @@ ALIAS (lease.attach turns a predicate into trigger WHEN clauses with it). Errors
 COMMENT ON FUNCTION lease._reaper_discover() IS
 $$Internal: asks the preloaded reaper to look for pg_lease in this database now (the install script
 calls it); does nothing where pg_lease is not preloaded.$$;
+
+COMMENT ON FUNCTION lease._reaper_slot_shortages() IS
+    'Internal: sweeps the reaper could not start for want of a worker slot since the server started (NULL: not preloaded).';
+
+COMMENT ON FUNCTION lease._reaper_last_slot_shortage() IS
+    'Internal: Unix time of the last such shortage (NULL: never, or not preloaded).';
 
 CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
 RETURNS TABLE (recovered bigint, purged bigint)
@@ -1947,12 +1980,6 @@ COMMENT ON VIEW lease.reaper_stats IS
 $$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
 last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;
 
-COMMENT ON FUNCTION lease._reaper_slot_shortages() IS
-    'Internal: sweeps the reaper could not start for want of a worker slot since the server started (NULL: not preloaded).';
-
-COMMENT ON FUNCTION lease._reaper_last_slot_shortage() IS
-    'Internal: Unix time of the last such shortage (NULL: never, or not preloaded).';
-
 COMMENT ON FUNCTION lease._reaper_touch() IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
 have work for it (claims and cancels call it); does nothing where pg_lease is not preloaded.$$;
@@ -1994,6 +2021,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
 REVOKE SELECT ON lease.attachment FROM lease_worker;
 
 GRANT EXECUTE ON FUNCTION
+    lease.enqueue(text, jsonb, text, timestamptz, integer, text),
     lease.release_named(text[], text, bigint[]),
     lease.cancel_key(text, text)
 TO lease_worker;

@@ -60,10 +60,14 @@ impl Client {
         let delay = options.delay.map(|d| micros(d, "delay")).transpose()?;
         let key = options.key.as_deref();
         let priority = options.priority;
+        let unique_key = options.unique_key.as_deref();
         let payload = &payload;
         self.call(|c| async move {
             let row = c
-                .query_one(Query::Enqueue, &[&queue, payload, &key, &delay, &priority])
+                .query_one(
+                    Query::Enqueue,
+                    &[&queue, payload, &key, &delay, &priority, &unique_key],
+                )
                 .await?;
             col(&row, 0)
         })

@@ -75,7 +75,7 @@ impl Query {
             S::Enqueue => concat!(
                 "SELECT lease.enqueue(queue => $1::text, payload => $2::jsonb, key => $3::text, run_at => ",
                 at_or_null!("4"),
-                ", priority => $5::int)"
+                ", priority => $5::int, unique_key => $6::text)"
             ),
             S::EnqueueBatch => concat!(
                 "SELECT e.id FROM lease.enqueue_batch(queue => $1::text, payloads => $2::jsonb[], ",
