@@ -24,18 +24,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let given = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("PG_LEASE_URL").ok());
-    let _cluster;
-    let url = match given {
-        Some(url) => url,
-        None => {
-            println!("Starting a throwaway PostgreSQL 15 ...");
-            _cluster = pg_tests::Cluster::start();
-            _cluster.conn_string(pg_tests::TEST_DB)
-        }
-    };
+    let (_cluster, url) = pg_tests::example_database();
 
     // The recorder every `metrics::` call in the client reports to.
     let handle = PrometheusBuilder::new().install_recorder()?;

@@ -604,6 +604,24 @@ where
     }
 }
 
+/// The database an example runs against: its first argument, else
+/// `PG_LEASE_URL`, else a throwaway PostgreSQL started here (kept alive by
+/// the returned cluster, dropped with it).
+pub fn example_database() -> (Option<Cluster>, String) {
+    let given = std::env::args()
+        .nth(1)
+        .or_else(|| std::env::var("PG_LEASE_URL").ok());
+    match given {
+        Some(url) => (None, url),
+        None => {
+            println!("Starting a throwaway PostgreSQL ...");
+            let cluster = Cluster::start();
+            let url = cluster.conn_string(TEST_DB);
+            (Some(cluster), url)
+        }
+    }
+}
+
 /// Polls `sql` (one boolean) every 20 ms until it is true and returns how
 /// long that took; panics naming `sql` after `within`. For tests.
 pub async fn eventually(client: &tokio_postgres::Client, sql: &str, within: Duration) -> Duration {

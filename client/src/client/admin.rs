@@ -1,9 +1,9 @@
 //! Housekeeping and the observability views.
 
-use super::rows::{col, from_micros};
+use super::rows::{col, count_arg, from_micros};
 use super::statements::Query;
 use super::Client;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::queue::{DeadLetter, Holder, InFlight, QueueStats, Reaped};
 
 impl Client {
@@ -11,8 +11,7 @@ impl Client {
     /// backoff, dead letter or cancelled). The extension's background worker
     /// runs it when preloaded. Needs `lease_admin`.
     pub async fn reap(&self, max_rows: u32) -> Result<Vec<Reaped>> {
-        let n = i32::try_from(max_rows)
-            .map_err(|_| Error::invalid(format!("max_rows {max_rows} is out of range")))?;
+        let n = count_arg(max_rows, "max_rows")?;
         self.call(|c| async move {
             let rows = c.query(Query::Reap, &[&n]).await?;
             rows.iter()
@@ -32,8 +31,7 @@ impl Client {
     /// `lease.purge`: deletes up to `max_rows` finished rows past their
     /// queue's retention; returns how many. Needs `lease_admin`.
     pub async fn purge(&self, max_rows: u32) -> Result<i64> {
-        let n = i32::try_from(max_rows)
-            .map_err(|_| Error::invalid(format!("max_rows {max_rows} is out of range")))?;
+        let n = count_arg(max_rows, "max_rows")?;
         self.call(|c| async move {
             let row = c.query_one(Query::Purge, &[&n]).await?;
             col(&row, 0)

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::GenericClient;
 
-use super::rows::{check_order, claimed_from, col, micros, renewal_from_row, split};
+use super::rows::{check_order, claimed_from, col, count_arg, micros, renewal_from_row, split};
 use super::statements::Query;
 use super::Client;
 use crate::error::{Error, Result};
@@ -58,8 +58,7 @@ impl Client {
         owner: &str,
         queue: &str,
     ) -> Result<Vec<Claimed>> {
-        let limit_sql = i32::try_from(limit)
-            .map_err(|_| Error::invalid(format!("limit {limit} is out of range")))?;
+        let limit_sql = count_arg(limit, "limit")?;
         let ttl_us = micros(ttl, "ttl")?;
         let sent = Instant::now();
         let rows = self
@@ -207,8 +206,7 @@ impl Client {
         limit: u32,
         ttl: Duration,
     ) -> Result<(Vec<bool>, Vec<Claimed>)> {
-        let limit_sql = i32::try_from(limit)
-            .map_err(|_| Error::invalid(format!("limit {limit} is out of range")))?;
+        let limit_sql = count_arg(limit, "limit")?;
         let ttl_us = micros(ttl, "ttl")?;
         let (ids, epochs) = split(tokens);
         let (ids, epochs) = (&ids, &epochs);

@@ -42,6 +42,11 @@ pub(crate) fn micros(d: Duration, what: &str) -> Result<i64> {
     i64::try_from(d.as_micros()).map_err(|_| Error::invalid(format!("{what} {d:?} is too long")))
 }
 
+/// A row count for an `integer` argument (`limit`, `max_rows`).
+pub(super) fn count_arg(n: u32, what: &str) -> Result<i32> {
+    i32::try_from(n).map_err(|_| Error::invalid(format!("{what} {n} is out of range")))
+}
+
 /// Microseconds from the server as a duration; negative becomes zero.
 pub(super) fn from_micros(us: i64) -> Duration {
     Duration::from_micros(u64::try_from(us).unwrap_or(0))
