@@ -1,6 +1,8 @@
 //! The metrics the client reports through the [`metrics`] facade. Nothing
 //! is recorded unless the application installs a recorder (for example
-//! `metrics-exporter-prometheus`; `examples/prometheus.rs` serves them).
+//! `metrics-exporter-prometheus`; `examples/prometheus.rs` serves them),
+//! and a Worker reports to the recorder installed when it starts (it makes
+//! its metric handles once, not per job).
 //!
 //! | name | kind | unit | labels | what |
 //! |---|---|---|---|---|

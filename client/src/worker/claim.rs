@@ -76,8 +76,8 @@ pub(super) async fn claim_loop(
                 } else if got > 0 {
                     tracing::debug!(queue = %cfg.queue, claimed = got, asked, "claimed");
                 }
+                ctx.counters.claimed(got);
                 for claimed in rows {
-                    ctx.counters.claimed(1);
                     let permit = match permits.pop() {
                         Some(permit) if !shutdown.is_cancelled() => permit,
                         // Over the limit (the SQL never does this) or too

@@ -4,14 +4,17 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use metrics::{Counter, Gauge, Histogram};
+
 use super::job::Summary;
 use crate::lease::Outcome;
 use crate::metrics as m;
 
 /// Counts for the [`Summary`], each also sent to the `metrics` recorder
-/// (if the application installed one) with the worker's queue as label.
+/// (if the application installed one before the worker started) with the
+/// worker's queue as label. The metric handles are made once, at start:
+/// no label is built per job.
 pub(super) struct Counters {
-    queue: String,
     slots: usize,
     running: AtomicUsize,
     claimed: AtomicU64,
@@ -22,12 +25,65 @@ pub(super) struct Counters {
     lost: AtomicU64,
     unreleased: AtomicU64,
     panicked: AtomicU64,
+    metrics: Handles,
+}
+
+/// The worker's metric handles, labelled with its queue.
+struct Handles {
+    claimed: Counter,
+    done: Counter,
+    retried: Counter,
+    failed: Counter,
+    abandoned: Counter,
+    lost: Counter,
+    unreleased: Counter,
+    panicked: Counter,
+    /// By outcome: done, retry, fail, abandon.
+    handler: [Histogram; 4],
+    claim: Histogram,
+    renew: Histogram,
+    held: Gauge,
+    running: Gauge,
+    free: Gauge,
+}
+
+impl Handles {
+    fn new(queue: &str) -> Handles {
+        let event =
+            |e: &'static str| metrics::counter!(m::JOBS, "queue" => queue.to_owned(), "event" => e);
+        let handler = |o: &'static str| metrics::histogram!(m::HANDLER_SECONDS, "queue" => queue.to_owned(), "outcome" => o);
+        Handles {
+            claimed: event("claimed"),
+            done: event("done"),
+            retried: event("retried"),
+            failed: event("failed"),
+            abandoned: event("abandoned"),
+            lost: event("lost"),
+            unreleased: event("unreleased"),
+            panicked: event("panicked"),
+            handler: [
+                handler("done"),
+                handler("retry"),
+                handler("fail"),
+                handler("abandon"),
+            ],
+            claim: metrics::histogram!(m::CLAIM_SECONDS, "queue" => queue.to_owned()),
+            renew: metrics::histogram!(m::RENEW_SECONDS, "queue" => queue.to_owned()),
+            held: metrics::gauge!(m::LEASES_HELD, "queue" => queue.to_owned()),
+            running: metrics::gauge!(m::JOBS_RUNNING, "queue" => queue.to_owned()),
+            free: metrics::gauge!(m::SLOTS_FREE, "queue" => queue.to_owned()),
+        }
+    }
+}
+
+fn add(count: &AtomicU64, metric: &Counter, n: u64) {
+    count.fetch_add(n, Ordering::Relaxed);
+    metric.increment(n);
 }
 
 impl Counters {
     pub(super) fn new(queue: &str, slots: usize) -> Counters {
         Counters {
-            queue: queue.to_owned(),
             slots,
             running: AtomicUsize::new(0),
             claimed: AtomicU64::new(0),
@@ -38,56 +94,56 @@ impl Counters {
             lost: AtomicU64::new(0),
             unreleased: AtomicU64::new(0),
             panicked: AtomicU64::new(0),
+            metrics: Handles::new(queue),
         }
     }
 
-    fn add(&self, counter: &AtomicU64, event: &'static str, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!(m::JOBS, "queue" => self.queue.clone(), "event" => event).increment(n);
-    }
-
     pub(super) fn claimed(&self, n: usize) {
-        self.add(&self.claimed, "claimed", n as u64);
+        add(&self.claimed, &self.metrics.claimed, n as u64);
     }
 
     pub(super) fn recorded(&self, outcome: &Outcome) {
+        let m = &self.metrics;
         match outcome {
-            Outcome::Done | Outcome::Finished => self.add(&self.done, "done", 1),
-            Outcome::Retry { .. } => self.add(&self.retried, "retried", 1),
-            Outcome::Fail { .. } => self.add(&self.failed, "failed", 1),
-            Outcome::Abandon => self.add(&self.abandoned, "abandoned", 1),
+            Outcome::Done | Outcome::Finished => add(&self.done, &m.done, 1),
+            Outcome::Retry { .. } => add(&self.retried, &m.retried, 1),
+            Outcome::Fail { .. } => add(&self.failed, &m.failed, 1),
+            Outcome::Abandon => add(&self.abandoned, &m.abandoned, 1),
         }
     }
 
     pub(super) fn lost(&self) {
-        self.add(&self.lost, "lost", 1);
+        add(&self.lost, &self.metrics.lost, 1);
     }
 
     pub(super) fn unreleased(&self) {
-        self.add(&self.unreleased, "unreleased", 1);
+        add(&self.unreleased, &self.metrics.unreleased, 1);
     }
 
     pub(super) fn panicked(&self) {
-        self.add(&self.panicked, "panicked", 1);
+        add(&self.panicked, &self.metrics.panicked, 1);
     }
 
     /// A handler ran for `took` and answered `outcome`.
     pub(super) fn handled(&self, outcome: &Outcome, took: Duration) {
-        metrics::histogram!(m::HANDLER_SECONDS, "queue" => self.queue.clone(), "outcome" => outcome.as_sql())
-            .record(took.as_secs_f64());
+        let i = match outcome {
+            Outcome::Done | Outcome::Finished => 0,
+            Outcome::Retry { .. } => 1,
+            Outcome::Fail { .. } => 2,
+            Outcome::Abandon => 3,
+        };
+        self.metrics.handler[i].record(took.as_secs_f64());
     }
 
     /// A claim (or release-and-claim) request took `took`.
     pub(super) fn claim_latency(&self, took: Duration) {
-        metrics::histogram!(m::CLAIM_SECONDS, "queue" => self.queue.clone())
-            .record(took.as_secs_f64());
+        self.metrics.claim.record(took.as_secs_f64());
     }
 
     /// A heartbeat took `took` for `held` leases.
     pub(super) fn heartbeat(&self, took: Duration, held: usize) {
-        metrics::histogram!(m::RENEW_SECONDS, "queue" => self.queue.clone())
-            .record(took.as_secs_f64());
-        metrics::gauge!(m::LEASES_HELD, "queue" => self.queue.clone()).set(held as f64);
+        self.metrics.renew.record(took.as_secs_f64());
+        self.metrics.held.set(held as f64);
     }
 
     /// A handler starts (`+1`) or has ended (`-1`).
@@ -101,9 +157,8 @@ impl Counters {
                 .fetch_sub(delta.unsigned_abs(), Ordering::Relaxed)
                 .saturating_sub(delta.unsigned_abs())
         };
-        metrics::gauge!(m::JOBS_RUNNING, "queue" => self.queue.clone()).set(now as f64);
-        metrics::gauge!(m::SLOTS_FREE, "queue" => self.queue.clone())
-            .set(self.slots.saturating_sub(now) as f64);
+        self.metrics.running.set(now as f64);
+        self.metrics.free.set(self.slots.saturating_sub(now) as f64);
     }
 
     pub(super) fn snapshot(&self) -> Summary {

@@ -181,9 +181,9 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
             Ok(released) => {
                 let mut permits: Vec<OwnedSemaphorePermit> =
                     group.iter_mut().filter_map(|h| h._permit.take()).collect();
+                ctx.counters.claimed(claimed.len());
                 if let Some(shared) = group.first().map(|h| Arc::clone(&h.ctx)) {
                     for row in claimed {
-                        ctx.counters.claimed(1);
                         let Some(permit) = permits.pop() else {
                             // More rows than leases given up: the SQL
                             // never does this.
