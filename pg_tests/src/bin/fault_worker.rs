@@ -27,7 +27,6 @@
 //! The process exits when its stdin closes (the test went away) or after
 //! `max_secs`, so it never outlives a test run.
 
-use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -648,32 +647,13 @@ fn main() {
     };
     // Bounded: exit when the test closes our stdin (or dies), or at the
     // deadline, whichever comes first.
-    std::thread::spawn(|| {
-        let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => std::process::exit(0),
-                Ok(_) => {}
-            }
-        }
-    });
+    pg_tests::child::exit_when_stdin_closes();
     let max = Duration::from_secs(cfg.max_secs);
     std::thread::spawn(move || {
         std::thread::sleep(max);
         std::process::exit(0);
     });
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("fault_worker: no tokio runtime: {err}");
-            std::process::exit(2);
-        }
-    };
+    let runtime = pg_tests::child::runtime("fault_worker");
     runtime.block_on(async move {
         let tasks: Vec<_> = (0..cfg.tasks)
             .map(|t| tokio::spawn(run_task(Arc::clone(&cfg), t)))

@@ -7,7 +7,6 @@
 //! Arguments: `<conn> <owner>`. The process exits when its stdin closes, so
 //! it never outlives the test; the test kills it with SIGKILL.
 
-use std::io::Read;
 use std::time::Duration;
 
 use pg_lease_client::{CancellationToken, Client, Outcome, Worker, WorkerConfig};
@@ -18,27 +17,8 @@ fn main() {
         eprintln!("usage: reclaim_worker <conn> <owner>");
         std::process::exit(2);
     };
-    std::thread::spawn(|| {
-        let mut buf = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while let Ok(n) = stdin.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-        }
-        std::process::exit(0);
-    });
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("reclaim_worker: no tokio runtime: {err}");
-            std::process::exit(2);
-        }
-    };
+    pg_tests::child::exit_when_stdin_closes();
+    let runtime = pg_tests::child::runtime("reclaim_worker");
     let result = runtime.block_on(async move {
         let client = Client::connect(&conn).await?;
         let mut config = WorkerConfig::new("churn").with_ttl(Duration::from_secs(2));
