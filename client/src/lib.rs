@@ -65,7 +65,8 @@ pub use elector::{Elector, ElectorConfig, Leadership, Term};
 pub use error::{Error, Result, LEASE_LOST_SQLSTATE};
 pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, Renewal};
 pub use queue::{
-    BatchOptions, DeadLetter, EnqueueOptions, Holder, InFlight, QueueOptions, QueueStats, Reaped,
+    BatchOptions, DeadLetter, EnqueueOptions, ExtensionVersions, Holder, InFlight, JobFilter,
+    JobRecord, QueueOptions, QueueSettings, QueueStats, Reaped, ReaperStats,
 };
 pub use transaction::FencedTransaction;
 pub use worker::{

@@ -166,3 +166,137 @@ pub struct Reaped {
     /// Cancelled (a cancel had been requested).
     pub cancelled: i64,
 }
+
+/// One row of `lease.queue`: a queue's policy, as
+/// [`Client::queue_settings`](crate::Client::queue_settings) reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// Queue name.
+    pub name: String,
+    /// Claims a row may spend before it is dead-lettered.
+    pub max_attempts: i32,
+    /// First backoff step.
+    pub backoff_base: Duration,
+    /// Upper bound of the backoff.
+    pub backoff_max: Duration,
+    /// How long `done` rows are kept.
+    pub retention: Duration,
+    /// How long dead and cancelled rows are kept.
+    pub dead_retention: Duration,
+    /// Retry delays are spread over `[0, backoff)` (`jitter = 'full'`).
+    pub jitter: bool,
+    /// Only grantees and `lease_admin` may use it (`lease.grant` was called).
+    pub restricted: bool,
+    /// Fed by an attached table.
+    pub attached: bool,
+    /// When it was created (database clock).
+    pub created_at: SystemTime,
+}
+
+/// One row of `lease.reaper_stats`: housekeeping in the connected database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReaperStats {
+    /// The database these counters belong to.
+    pub database: String,
+    /// `lease.sweep` passes run here so far.
+    pub sweeps: i64,
+    /// Expired leases those passes recovered.
+    pub recovered: i64,
+    /// Finished rows they purged.
+    pub purged: i64,
+    /// When the last pass started (database clock); `None` if never.
+    pub last_sweep_at: Option<SystemTime>,
+    /// How long the last pass took.
+    pub last_duration: Option<Duration>,
+    /// What failed in the last pass that failed (kept until the next failure).
+    pub last_error: Option<String>,
+    /// When that failure happened.
+    pub last_error_at: Option<SystemTime>,
+    /// Server-wide: how often a sweeper could not start for want of a
+    /// background worker slot. `None` when the library is not preloaded,
+    /// i.e. no background reaper runs in this server.
+    pub slot_shortages: Option<i64>,
+    /// When that last happened, if ever.
+    pub last_slot_shortage_at: Option<SystemTime>,
+}
+
+impl ReaperStats {
+    /// True when pg_lease is in `shared_preload_libraries`, so the server
+    /// runs the background reaper (it may still be turned off with
+    /// `lease.reaper_enabled`).
+    pub fn preloaded(&self) -> bool {
+        self.slot_shortages.is_some()
+    }
+}
+
+/// Which rows [`Client::jobs`](crate::Client::jobs) returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Only this queue. Default: all.
+    pub queue: Option<String>,
+    /// Only rows in this state. Default: all.
+    pub state: Option<crate::JobState>,
+    /// At most this many rows, lowest id first. Default 100.
+    pub limit: u32,
+}
+
+impl Default for JobFilter {
+    fn default() -> Self {
+        JobFilter {
+            queue: None,
+            state: None,
+            limit: 100,
+        }
+    }
+}
+
+/// Every column of one `lease.job` row, as
+/// [`Client::jobs`](crate::Client::jobs) and [`Client::job`](crate::Client::job)
+/// read it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    /// Row id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Idempotency key (an attached table's primary key as text), if any.
+    pub key: Option<String>,
+    /// Payload.
+    pub payload: serde_json::Value,
+    /// State.
+    pub state: crate::JobState,
+    /// Higher is claimed first.
+    pub priority: i32,
+    /// Claim order after priority (an attached table's `order_by` value).
+    pub rank: i64,
+    /// A pending row is claimable from this time on (database clock).
+    pub next_at: SystemTime,
+    /// Claims that spent an attempt.
+    pub attempt: i32,
+    /// Fencing epoch of the current or last lease.
+    pub epoch: i64,
+    /// Owner of the current or last lease.
+    pub owner: Option<String>,
+    /// End of the current or last lease.
+    pub lease_until: Option<SystemTime>,
+    /// `lease.cancel` was called while it was leased.
+    pub cancel_requested: bool,
+    /// Last error recorded by a release.
+    pub last_error: Option<String>,
+    /// When it was enqueued (database clock).
+    pub created_at: SystemTime,
+    /// When it finished, if it has.
+    pub finished_at: Option<SystemTime>,
+    /// `enqueue`'s `unique_key`, if any.
+    pub unique_key: Option<String>,
+}
+
+/// The pg_lease versions of the connected database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtensionVersions {
+    /// `pg_extension.extversion`; `None` if not created in this database.
+    pub installed: Option<String>,
+    /// The default version the server's installed files offer
+    /// (`pg_available_extensions`); `None` if the server has no pg_lease.
+    pub available: Option<String>,
+}

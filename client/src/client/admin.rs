@@ -1,10 +1,17 @@
-//! Housekeeping and the observability views.
+//! Housekeeping, the observability views, and read-only looks at the
+//! tables behind them (queue policies, rows, the installed version).
+
+use tokio_postgres::Row;
 
 use super::rows::{col, count_arg, from_micros};
 use super::statements::Query;
 use super::Client;
 use crate::error::Result;
-use crate::queue::{DeadLetter, Holder, InFlight, QueueStats, Reaped};
+use crate::lease::JobState;
+use crate::queue::{
+    DeadLetter, ExtensionVersions, Holder, InFlight, JobFilter, JobRecord, QueueSettings,
+    QueueStats, Reaped, ReaperStats,
+};
 
 impl Client {
     /// `lease.reap`: recovers up to `max_rows` expired leases (new epoch,
@@ -132,4 +139,123 @@ impl Client {
         })
         .await
     }
+
+    /// `lease.reaper_stats`: the housekeeping counters of this database
+    /// and, server-wide, whether the background reaper runs at all. Needs
+    /// `lease_admin`.
+    pub async fn reaper_stats(&self) -> Result<ReaperStats> {
+        self.call(|c| async move {
+            let r = c.query_one(Query::ReaperStats, &[]).await?;
+            Ok(ReaperStats {
+                database: col(&r, 0)?,
+                sweeps: col(&r, 1)?,
+                recovered: col(&r, 2)?,
+                purged: col(&r, 3)?,
+                last_sweep_at: col(&r, 4)?,
+                last_duration: col::<Option<i64>>(&r, 5)?.map(from_micros),
+                last_error: col(&r, 6)?,
+                last_error_at: col(&r, 7)?,
+                slot_shortages: col(&r, 8)?,
+                last_slot_shortage_at: col(&r, 9)?,
+            })
+        })
+        .await
+    }
+
+    /// `lease.queue`: every queue's policy, by name. Needs `lease_admin`.
+    pub async fn queue_settings(&self) -> Result<Vec<QueueSettings>> {
+        self.call(|c| async move {
+            let rows = c.query(Query::QueueSettings, &[]).await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(QueueSettings {
+                        name: col(r, 0)?,
+                        max_attempts: col(r, 1)?,
+                        backoff_base: from_micros(col(r, 2)?),
+                        backoff_max: from_micros(col(r, 3)?),
+                        retention: from_micros(col(r, 4)?),
+                        dead_retention: from_micros(col(r, 5)?),
+                        jitter: col(r, 6)?,
+                        restricted: col(r, 7)?,
+                        attached: col(r, 8)?,
+                        created_at: col(r, 9)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Rows of `lease.job` in every state, lowest id first, as `filter`
+    /// says. It reads the table itself, which only the superuser may (no
+    /// view shows rows in every state); others get
+    /// [`Error::PermissionDenied`](crate::Error::PermissionDenied).
+    pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
+        let queue = filter.queue.as_deref();
+        let state = filter.state.map(state_name);
+        let limit = i64::from(filter.limit);
+        self.call(|c| async move {
+            let rows = c.query(Query::Jobs, &[&queue, &state, &limit]).await?;
+            rows.iter().map(job_record).collect()
+        })
+        .await
+    }
+
+    /// Row `id` of `lease.job`, every column; `None` if there is no such
+    /// row (never enqueued, or purged). Superuser only, like
+    /// [`Client::jobs`].
+    pub async fn job(&self, id: i64) -> Result<Option<JobRecord>> {
+        self.call(|c| async move {
+            let rows = c.query(Query::Job, &[&id]).await?;
+            rows.first().map(job_record).transpose()
+        })
+        .await
+    }
+
+    /// The pg_lease version created in this database and the one the
+    /// server's files offer; any role may ask.
+    pub async fn extension_versions(&self) -> Result<ExtensionVersions> {
+        self.call(|c| async move {
+            let r = c.query_one(Query::ExtensionVersions, &[]).await?;
+            Ok(ExtensionVersions {
+                installed: col(&r, 0)?,
+                available: col(&r, 1)?,
+            })
+        })
+        .await
+    }
+}
+
+/// The SQL name of a state (`lease.job_state`).
+fn state_name(state: JobState) -> &'static str {
+    match state {
+        JobState::Pending => "pending",
+        JobState::Leased => "leased",
+        JobState::Done => "done",
+        JobState::Dead => "dead",
+        JobState::Cancelled => "cancelled",
+    }
+}
+
+/// A `lease.job` row from the columns of `job_columns!`.
+fn job_record(r: &Row) -> Result<JobRecord> {
+    Ok(JobRecord {
+        id: col(r, 0)?,
+        queue: col(r, 1)?,
+        key: col(r, 2)?,
+        payload: col(r, 3)?,
+        state: col::<String>(r, 4)?.parse()?,
+        priority: col(r, 5)?,
+        rank: col(r, 6)?,
+        next_at: col(r, 7)?,
+        attempt: col(r, 8)?,
+        epoch: col(r, 9)?,
+        owner: col(r, 10)?,
+        lease_until: col(r, 11)?,
+        cancel_requested: col(r, 12)?,
+        last_error: col(r, 13)?,
+        created_at: col(r, 14)?,
+        finished_at: col(r, 15)?,
+        unique_key: col(r, 16)?,
+    })
 }

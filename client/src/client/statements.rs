@@ -35,6 +35,11 @@ pub(super) enum Query {
     Grant,
     Revoke,
     DeadLetters,
+    ReaperStats,
+    QueueSettings,
+    Jobs,
+    Job,
+    ExtensionVersions,
 }
 
 /// `$n` microseconds from now by the database clock, or NULL.
@@ -57,6 +62,17 @@ macro_rules! micros {
     };
 }
 
+/// Every column of `lease.job`, in the order `admin::job_record` reads them.
+macro_rules! job_columns {
+    () => {
+        concat!(
+            "SELECT id, queue, key, payload, state::text, priority, rank, next_at, attempt, epoch, ",
+            "owner, lease_until, cancel_requested, last_error, created_at, finished_at, unique_key ",
+            "FROM lease.job "
+        )
+    };
+}
+
 /// An interval column as microseconds.
 macro_rules! as_micros {
     ($col:literal) => {
@@ -66,7 +82,7 @@ macro_rules! as_micros {
 
 impl Query {
     /// How many statements there are (one prepared-statement slot each).
-    pub(super) const COUNT: usize = Query::DeadLetters as usize + 1;
+    pub(super) const COUNT: usize = Query::ExtensionVersions as usize + 1;
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
@@ -193,6 +209,34 @@ impl Query {
                 "SELECT id, queue, key, payload, attempt, last_error, finished_at ",
                 "FROM lease.dead_letters WHERE $1::text IS NULL OR queue = $1::text ",
                 "ORDER BY id LIMIT $2::bigint"
+            ),
+            S::ReaperStats => concat!(
+                "SELECT database::text, sweeps, recovered, purged, last_sweep_at, ",
+                as_micros!("last_duration"),
+                ", last_error, last_error_at, slot_shortages, last_slot_shortage_at ",
+                "FROM lease.reaper_stats"
+            ),
+            S::QueueSettings => concat!(
+                "SELECT name, max_attempts, ",
+                as_micros!("backoff_base"),
+                ", ",
+                as_micros!("backoff_max"),
+                ", ",
+                as_micros!("retention"),
+                ", ",
+                as_micros!("dead_retention"),
+                ", jitter = 'full', restricted, attached, created_at ",
+                "FROM lease.queue ORDER BY name"
+            ),
+            S::Jobs => concat!(
+                job_columns!(),
+                "WHERE ($1::text IS NULL OR queue = $1::text) ",
+                "AND ($2::text IS NULL OR state::text = $2::text) ORDER BY id LIMIT $3::bigint"
+            ),
+            S::Job => concat!(job_columns!(), "WHERE id = $1::bigint"),
+            S::ExtensionVersions => concat!(
+                "SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_lease'), ",
+                "(SELECT default_version FROM pg_catalog.pg_available_extensions WHERE name = 'pg_lease')"
             ),
         }
     }
