@@ -13,6 +13,9 @@
 //! `fault.history`, and each accepted write appends to `fault.events` in
 //! its own transaction, so every invariant is a SQL query over the history
 //! (`CHECKS` below); the sampler of `pg_stat_activity` adds the last one.
+//! `worker_survives_faults` runs the same workload through the client's
+//! `Worker` (`src/bin/fault_client_worker.rs`) and holds it to the same
+//! checks.
 //!
 //! * `one_valid_owner` — at most one valid owner per item at any database
 //!   time: accepted writes never go back to an older epoch, and no lease is
@@ -61,6 +64,14 @@
 //!   stale_ops_change_nothing 12 (a fence taken before a stall does not
 //!   protect the writes after it).
 //!
+//! With the `Worker` driver (`worker_survives_faults`, seed 42):
+//! * `fence_ignores_epoch` → one_valid_owner 2, stale_ops_change_nothing 1,
+//!   writes_carry_current_epoch 2;
+//! * `Job::transaction` without its `lease.fence` (client/src/transaction.rs
+//!   edited by hand) → one_valid_owner 6, stale_ops_change_nothing 6,
+//!   writes_carry_current_epoch 8: a handler stalled past its ttl wrote as
+//!   the stale owner.
+//!
 //! The unfenced control trips writes_carry_current_epoch, one_valid_owner,
 //! stale_ops_change_nothing and attempts_once_per_claim in every run so
 //! far, and, depending on timing, exactly_one_completion (a lost COMMIT
@@ -101,6 +112,16 @@ const IDLE_IN_TXN_MS: u64 = 300;
 /// The tests share the machine's two cores: one run at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// What runs the workload in each worker process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Driver {
+    /// `src/bin/fault_worker.rs`: `tasks` loops of hand-written SQL.
+    Sql,
+    /// `src/bin/fault_client_worker.rs`: `pg_lease_client::Worker` with
+    /// `tasks` slots and fenced transactions from `Job::transaction`.
+    Worker,
+}
+
 /// What one run does.
 #[derive(Clone, Debug)]
 struct Params {
@@ -109,8 +130,19 @@ struct Params {
     fault_secs: u64,
     workers: usize,
     tasks: u32,
+    driver: Driver,
     fenced: bool,
     break_name: Option<String>,
+}
+
+impl Params {
+    /// Sessions of worker `id` are named `w<id>-t<k>` for `k` below this.
+    fn session_names(&self) -> u32 {
+        match self.driver {
+            Driver::Sql => self.tasks,
+            Driver::Worker => 1,
+        }
+    }
 }
 
 /// A connection that reconnects after the server restarts or kills it.
@@ -182,21 +214,31 @@ struct Worker {
 
 impl Worker {
     fn spawn(id: u32, conn: &str, p: &Params) -> Worker {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fault_worker"));
+        let mut cmd = match p.driver {
+            Driver::Sql => {
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_fault_worker"));
+                cmd.arg(format!("tasks={}", p.tasks))
+                    .arg(format!("seed={}", p.seed))
+                    .arg(format!(
+                        "mode={}",
+                        if p.fenced { "fenced" } else { "unfenced" }
+                    ))
+                    .arg(format!(
+                        "handler_in_txn={}",
+                        u8::from(p.break_name.as_deref() == Some("handler_in_txn"))
+                    ));
+                cmd
+            }
+            Driver::Worker => {
+                let mut cmd = Command::new(env!("CARGO_BIN_EXE_fault_client_worker"));
+                cmd.arg(format!("slots={}", p.tasks));
+                cmd
+            }
+        };
         cmd.arg(format!("conn={conn}"))
             .arg(format!("worker={id}"))
-            .arg(format!("tasks={}", p.tasks))
-            .arg(format!("seed={}", p.seed))
             .arg(format!("ttl_ms={TTL_MS}"))
             .arg(format!("max_secs={}", p.fault_secs + 180))
-            .arg(format!(
-                "mode={}",
-                if p.fenced { "fenced" } else { "unfenced" }
-            ))
-            .arg(format!(
-                "handler_in_txn={}",
-                u8::from(p.break_name.as_deref() == Some("handler_in_txn"))
-            ))
             // The worker exits when this pipe closes, i.e. when we go away.
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -735,7 +777,7 @@ async fn run(p: Params) -> Outcome {
                 let pattern = if rng.below(2) == 0 {
                     format!("w{id}-%")
                 } else {
-                    format!("w{id}-t{}", rng.below(u64::from(p.tasks)))
+                    format!("w{id}-t{}", rng.below(u64::from(p.session_names())))
                 };
                 let _ = db
                     .query(&format!(
@@ -878,7 +920,7 @@ async fn summarize(
     let faults: Vec<String> = injected.iter().map(|(f, n)| format!("{f:?} {n}")).collect();
     let total: usize = violations.values().map(Vec::len).sum();
     let mut out = format!(
-        "faults summary [{} run, seed {}, {} s of faults, {} workers x {} tasks, ttl {TTL_MS} ms{}]\n\
+        "faults summary [{} run, seed {}, {} s of faults, {} workers x {} tasks ({:?}), ttl {TTL_MS} ms{}]\n\
          items: {} (done {}, cancelled {}, dead {})\n\
          operations: {} claims ({} leases), {} renewals, {} accepted writes ({} completions), \
          {} expiries recovered, {} stale-owner ops ({} refused), {} cancels\n\
@@ -892,6 +934,7 @@ async fn summarize(
         p.fault_secs,
         p.workers,
         p.tasks,
+        p.driver,
         p.break_name
             .as_deref()
             .map(|b| format!(", BROKEN: {b}"))
@@ -958,6 +1001,28 @@ async fn fenced_workload_survives_faults() {
         fault_secs: 30,
         workers: 3,
         tasks: 3,
+        driver: Driver::Sql,
+        fenced: true,
+        break_name: break_name(),
+    })
+    .await;
+    assert_clean(&outcome);
+}
+
+/// The same faults with the workload run by `pg_lease_client::Worker`
+/// (3 processes × 3 slots): its claims, heartbeats, local deadlines,
+/// reconnects and fenced transactions under SIGSTOP, kill -9, terminated
+/// sessions, a cut, delayed and partitioned proxy, and server restarts.
+/// New with issue 14 (the suite drove only hand-written SQL before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_survives_faults() {
+    let outcome = run(Params {
+        label: "CI, Worker",
+        seed: seed(),
+        fault_secs: 30,
+        workers: 3,
+        tasks: 3,
+        driver: Driver::Worker,
         fenced: true,
         break_name: break_name(),
     })
@@ -974,6 +1039,7 @@ async fn control_without_fencing_finds_violations() {
         fault_secs: 15,
         workers: 3,
         tasks: 3,
+        driver: Driver::Sql,
         fenced: false,
         break_name: None,
     })
@@ -1000,9 +1066,18 @@ async fn soak() {
         fault_secs: secs,
         workers: 4,
         tasks: 3,
+        driver: soak_driver(),
         fenced: true,
         break_name: break_name(),
     })
     .await;
     assert_clean(&outcome);
+}
+
+/// `PG_LEASE_FAULTS_DRIVER=worker` soaks the `Worker` instead.
+fn soak_driver() -> Driver {
+    match std::env::var("PG_LEASE_FAULTS_DRIVER").as_deref() {
+        Ok("worker") => Driver::Worker,
+        _ => Driver::Sql,
+    }
 }
