@@ -1,6 +1,4 @@
-//! Plain aligned text tables for the terminal.
-
-use std::time::Duration;
+//! Plain aligned text for the terminal: tables, and fields of one record.
 
 /// Rows under a header, each column as wide as its widest cell.
 pub struct Table {
@@ -9,6 +7,7 @@ pub struct Table {
 }
 
 impl Table {
+    /// An empty table with these column names.
     pub fn new(header: &[&str]) -> Table {
         Table {
             header: header.iter().map(|h| (*h).to_owned()).collect(),
@@ -16,15 +15,13 @@ impl Table {
         }
     }
 
+    /// Adds a row, one cell per column.
     pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    pub fn print(&self) {
-        print!("{}", self.render());
-    }
-
-    fn render(&self) -> String {
+    /// The text: header, rows, or `(none)` under the header.
+    pub fn render(&self) -> String {
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
         for row in &self.rows {
             for (w, cell) in widths.iter_mut().zip(row) {
@@ -50,15 +47,25 @@ impl Table {
     }
 }
 
-/// A duration for people: `42 s`, `3 min`, `2 h`, `4 d`.
-pub fn age(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=119 => format!("{s} s"),
-        120..=7199 => format!("{} min", s / 60),
-        7200..=172_799 => format!("{} h", s / 3600),
-        _ => format!("{} d", s / 86_400),
+/// One record as `name  value` lines, names aligned; a value of several
+/// lines (a pretty-printed payload) continues under the first.
+pub fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for (name, value) in pairs {
+        let mut lines = value.lines();
+        let first = lines.next().unwrap_or("");
+        out.push_str(format!("{name:<width$}  {first}").trim_end());
+        out.push('\n');
+        for more in lines {
+            out.push_str(&format!("{:width$}  {more}\n", ""));
+        }
     }
+    out
 }
 
 #[cfg(test)]
@@ -66,14 +73,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn columns_align_and_ages_read_well() {
+    fn columns_align() {
         let mut t = Table::new(&["id", "queue"]);
         t.row(vec!["1".into(), "emails".into()]);
         t.row(vec!["12345".into(), "q".into()]);
         assert_eq!(t.render(), "id     queue\n1      emails\n12345  q\n");
         assert_eq!(Table::new(&["x"]).render(), "x\n(none)\n");
-        assert_eq!(age(Duration::from_secs(90)), "90 s");
-        assert_eq!(age(Duration::from_secs(600)), "10 min");
-        assert_eq!(age(Duration::from_secs(3 * 86_400)), "3 d");
+    }
+
+    #[test]
+    fn fields_align_and_continue_lines() {
+        let text = fields(&[
+            ("id", "7".into()),
+            ("payload", "{\n  \"a\": 1\n}".into()),
+            ("key", String::new()),
+        ]);
+        assert_eq!(
+            text,
+            "id       7\npayload  {\n           \"a\": 1\n         }\nkey\n"
+        );
     }
 }
