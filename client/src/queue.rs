@@ -294,6 +294,8 @@ pub struct JobRecord {
 /// The pg_lease versions of the connected database.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtensionVersions {
+    /// The connected database's name.
+    pub database: String,
     /// `pg_extension.extversion`; `None` if not created in this database.
     pub installed: Option<String>,
     /// The default version the server's installed files offer

@@ -15,7 +15,8 @@ use crate::output::{age, fields, rfc3339, secs, time_json, time_text, Output};
 struct Snapshot {
     versions: ExtensionVersions,
     queues: Vec<QueueStats>,
-    reaper: ReaperStats,
+    /// Why not, if this role may not read `lease.reaper_stats`.
+    reaper: Result<ReaperStats, String>,
     holders: Vec<Holder>,
 }
 
@@ -27,37 +28,56 @@ impl Snapshot {
         if versions.installed.is_none() {
             return Err(CliError::NotFound(not_installed(&versions)));
         }
+        let queues = client.queue_stats().await?;
+        let reaper = match client.reaper_stats().await {
+            Ok(r) => Ok(r),
+            // In 0.2.0 the view calls two functions that lease_admin, who
+            // may read it, may not execute: the rest is still worth showing.
+            Err(e @ pg_lease_client::Error::PermissionDenied(_)) => {
+                Err(CliError::Client(e).to_string())
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(Snapshot {
-            queues: client.queue_stats().await?,
-            reaper: client.reaper_stats().await?,
+            queues,
+            reaper,
             holders: client.holders().await?,
             versions,
         })
     }
 
+    /// Everything could be read.
+    fn complete(&self) -> bool {
+        self.reaper.is_ok()
+    }
+
     fn to_json(&self) -> Value {
-        let r = &self.reaper;
         json!({
-            "database": r.database,
+            "database": self.versions.database,
             "extension": {
                 "installed": self.versions.installed,
                 "available": self.versions.available,
             },
             "queues": self.queues.iter().map(stats_json).collect::<Vec<_>>(),
-            "reaper": {
-                "preloaded": r.preloaded(),
-                "sweeps": r.sweeps,
-                "recovered": r.recovered,
-                "purged": r.purged,
-                "last_sweep_at": time_json(r.last_sweep_at),
-                "last_duration_secs": r.last_duration.map(secs),
-                "last_error": r.last_error,
-                "last_error_at": time_json(r.last_error_at),
-                "slot_shortages": r.slot_shortages,
-                "last_slot_shortage_at": time_json(r.last_slot_shortage_at),
-                "expired_waiting": self.expired(),
-            },
+            "reaper": self.reaper.as_ref().ok().map(|r| self.reaper_json(r)),
+            "reaper_error": self.reaper.as_ref().err(),
             "holders": self.holders.iter().map(holder_json).collect::<Vec<_>>(),
+        })
+    }
+
+    fn reaper_json(&self, r: &ReaperStats) -> Value {
+        json!({
+            "preloaded": r.preloaded(),
+            "sweeps": r.sweeps,
+            "recovered": r.recovered,
+            "purged": r.purged,
+            "last_sweep_at": time_json(r.last_sweep_at),
+            "last_duration_secs": r.last_duration.map(secs),
+            "last_error": r.last_error,
+            "last_error_at": time_json(r.last_error_at),
+            "slot_shortages": r.slot_shortages,
+            "last_slot_shortage_at": time_json(r.last_slot_shortage_at),
+            "expired_waiting": self.expired(),
         })
     }
 
@@ -65,7 +85,7 @@ impl Snapshot {
         let installed = self.versions.installed.as_deref().unwrap_or("?");
         let mut text = format!(
             "pg_lease {installed} in database {:?}",
-            self.reaper.database
+            self.versions.database
         );
         if let Some(available) = &self.versions.available {
             if available != installed {
@@ -88,7 +108,17 @@ impl Snapshot {
     }
 
     fn reaper_text(&self, now: SystemTime) -> String {
-        let r = &self.reaper;
+        let expired = (
+            "expired",
+            format!(
+                "{} (leases past their end, not yet recovered)",
+                self.expired()
+            ),
+        );
+        let r = match &self.reaper {
+            Ok(r) => r,
+            Err(why) => return fields(&[("reaper", format!("unknown: {why}")), expired]),
+        };
         let mut lines = vec![(
             "reaper",
             if r.preloaded() {
@@ -111,18 +141,10 @@ impl Snapshot {
                 r.sweeps, r.recovered, r.purged
             ),
         ));
-        lines.push((
-            "expired",
-            format!(
-                "{} (leases past their end, not yet recovered)",
-                self.expired()
-            ),
-        ));
+        lines.push(expired);
         if let Some(error) = &r.last_error {
-            lines.push((
-                "last error",
-                format!("{} {error}", time_text(r.last_error_at, now)),
-            ));
+            let when = time_text(r.last_error_at, now);
+            lines.push(("last error", format!("{when} {error}")));
         }
         if let Some(n) = r.slot_shortages.filter(|n| *n > 0) {
             let when = time_text(r.last_slot_shortage_at, now);
@@ -150,7 +172,10 @@ pub async fn status(client: &Client, out: Output) -> Result<Done, CliError> {
     } else {
         out.text(&snapshot.to_text(SystemTime::now()))?;
     }
-    Ok(Done::All)
+    if let Err(why) = &snapshot.reaper {
+        eprintln!("pg-lease: reaper health unknown: {why}");
+    }
+    Ok(Done::from_ok(snapshot.complete()))
 }
 
 /// `pg-lease watch`: `status` every `interval` until Ctrl-C or `count`
@@ -176,7 +201,7 @@ pub async fn watch(
         last = match snapshot {
             Ok(s) => {
                 show(out, &s, interval)?;
-                Done::All
+                Done::from_ok(s.complete())
             }
             Err(CliError::Client(e)) if e.is_connection() => {
                 eprintln!("pg-lease: {}", CliError::Client(e));

@@ -212,14 +212,15 @@ impl Client {
         .await
     }
 
-    /// The pg_lease version created in this database and the one the
-    /// server's files offer; any role may ask.
+    /// The connected database's name, the pg_lease version created in it
+    /// and the one the server's files offer; any role may ask.
     pub async fn extension_versions(&self) -> Result<ExtensionVersions> {
         self.call(|c| async move {
             let r = c.query_one(Query::ExtensionVersions, &[]).await?;
             Ok(ExtensionVersions {
-                installed: col(&r, 0)?,
-                available: col(&r, 1)?,
+                database: col(&r, 0)?,
+                installed: col(&r, 1)?,
+                available: col(&r, 2)?,
             })
         })
         .await

@@ -235,7 +235,8 @@ impl Query {
             ),
             S::Job => concat!(job_columns!(), "WHERE id = $1::bigint"),
             S::ExtensionVersions => concat!(
-                "SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_lease'), ",
+                "SELECT current_database()::text, ",
+                "(SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_lease'), ",
                 "(SELECT default_version FROM pg_catalog.pg_available_extensions WHERE name = 'pg_lease')"
             ),
         }
