@@ -3,24 +3,12 @@
 //!
 //! New with the CLI: before it, these needed psql and the README.
 
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Command;
+
+use common::{assert_exit, pg_lease, pg_lease_json, stderr, stdout};
 use pg_tests::{scalar, Cluster, TEST_DB};
-
-fn pg_lease(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pg-lease"))
-        .env_remove("PG_LEASE_URL")
-        .env_remove("DATABASE_URL")
-        .arg("--url")
-        .arg(url)
-        .args(args)
-        .output()
-        .expect("run pg-lease")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_and_requeues_a_dead_letter() {
@@ -54,6 +42,15 @@ async fn an_operator_finds_and_requeues_a_dead_letter() {
     let dead = pg_lease(&url, &["dead", "--queue", "emails"]);
     assert!(stdout(&dead).contains(&dead_id.to_string()), "{dead:?}");
     assert!(stdout(&dead).contains("mailbox full"));
+    let letters = pg_lease_json(&url, &["dead", "--queue", "emails"]);
+    assert_eq!(letters[0]["id"], dead_id);
+    assert_eq!(letters[0]["key"], "mail-1");
+    assert_eq!(letters[0]["attempts"], 1);
+    assert_eq!(letters[0]["last_error"], "mailbox full");
+    assert_eq!(letters[0]["payload"]["to"], "a");
+    assert!(letters[0]["finished_at"]
+        .as_str()
+        .is_some_and(|t| t.ends_with('Z')));
 
     let requeued = pg_lease(&url, &["requeue", &dead_id.to_string()]);
     assert!(requeued.status.success(), "{requeued:?}");
@@ -63,14 +60,22 @@ async fn an_operator_finds_and_requeues_a_dead_letter() {
     )
     .await;
     assert_eq!(state, "pending");
-    let again = pg_lease(&url, &["requeue", &dead_id.to_string()]);
-    assert!(!again.status.success(), "not a dead letter any more");
+    let again = pg_lease(&url, &["--json", "requeue", &dead_id.to_string()]);
+    assert_exit(&again, 1);
+    let answer: serde_json::Value = serde_json::from_slice(&again.stdout).expect("json");
+    assert_eq!(
+        answer,
+        serde_json::json!([{"id": dead_id, "requeued": false}])
+    );
 
     let cancelled = pg_lease(&url, &["cancel", "--queue", "emails", "--key", "mail-2"]);
     assert!(cancelled.status.success(), "{cancelled:?}");
     assert_eq!(stdout(&cancelled).trim(), "cancelled");
     let missing = pg_lease(&url, &["cancel", "--queue", "emails", "--key", "nope"]);
-    assert!(!missing.status.success());
+    assert_exit(&missing, 1);
+    let gone = pg_lease_json_status(&url, &["cancel", "1"]);
+    assert_eq!(gone["id"], 1);
+    assert_eq!(gone["result"], "not_found");
 
     let purged = pg_lease(&url, &["purge"]);
     assert!(purged.status.success(), "{purged:?}");
@@ -78,16 +83,22 @@ async fn an_operator_finds_and_requeues_a_dead_letter() {
 
     // Errors: a queue that does not exist, and no database at all.
     let bad = pg_lease(&url, &["cancel", "--queue", "nope", "--key", "x"]);
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("42704"),
-        "{bad:?}"
-    );
+    assert_exit(&bad, 1);
+    assert!(stderr(&bad).contains("SQLSTATE 42704"), "{bad:?}");
     let nowhere = Command::new(env!("CARGO_BIN_EXE_pg-lease"))
         .env_remove("PG_LEASE_URL")
         .env_remove("DATABASE_URL")
         .arg("stats")
         .output()
         .expect("run");
-    assert_eq!(nowhere.status.code(), Some(2));
+    assert_exit(&nowhere, 2);
+}
+
+/// `--json` of a command that exits 1: the document is printed all the same.
+fn pg_lease_json_status(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = pg_lease(url, &all);
+    assert_exit(&out, 1);
+    serde_json::from_slice(&out.stdout).expect("json")
 }
