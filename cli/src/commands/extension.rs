@@ -30,7 +30,7 @@ pub async fn install(url: &str, out: Output) -> Result<Done, CliError> {
     if before.installed.is_none() {
         pg.batch_execute("CREATE EXTENSION pg_lease")
             .await
-            .map_err(|e| refused(&e, "create pg_lease", "CREATE EXTENSION"))?;
+            .map_err(|e| refused(e, "create pg_lease", "CREATE EXTENSION"))?;
     }
     let after = versions(&pg).await?;
     let to = after.installed.as_deref().unwrap_or("?");
@@ -60,7 +60,7 @@ pub async fn upgrade(url: &str, out: Output) -> Result<Done, CliError> {
     if before.available.as_deref() != Some(from) {
         pg.batch_execute("ALTER EXTENSION pg_lease UPDATE")
             .await
-            .map_err(|e| refused(&e, "update pg_lease", "ALTER EXTENSION"))?;
+            .map_err(|e| refused(e, "update pg_lease", "ALTER EXTENSION"))?;
     }
     let after = versions(&pg).await?;
     let to = after.installed.as_deref().unwrap_or("?");
@@ -126,24 +126,36 @@ async fn versions(pg: &tokio_postgres::Client) -> Result<Versions, CliError> {
 }
 
 /// Explains the two refusals an operator meets: the server lacks the
-/// extension's files (58P01: no control file, or no library), or the role
-/// lacks the right (42501).
-fn refused(e: &tokio_postgres::Error, action: &str, statement: &str) -> CliError {
-    let code = e.as_db_error().map(|d| d.code());
-    let explanation = if code == Some(&SqlState::UNDEFINED_FILE) {
+/// extension's files, or the role lacks the right (42501).
+fn refused(e: tokio_postgres::Error, action: &str, statement: &str) -> CliError {
+    let Some(db) = e.as_db_error() else {
+        return CliError::Pg(e);
+    };
+    let explanation = if files_missing(db.code().code(), db.message(), db.detail()) {
         format!(
             "cannot {action}: the server lacks pg_lease's files; install its package \
              (or `cargo pgrx install`) on the database host first"
         )
-    } else if code == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+    } else if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE {
         format!(
             "cannot {action}: {statement} pg_lease needs the superuser (or, to update, \
              the extension's owner)"
         )
     } else {
-        return CliError::explain_pg(format!("cannot {action}"), e);
+        format!("cannot {action}")
     };
-    CliError::explain_pg(explanation, e)
+    CliError::explain_pg(explanation, &e)
+}
+
+/// Whether the server said it has no pg_lease: `58P01` (no control file in
+/// older minor releases, or no shared library), or, in newer ones (15.20
+/// here), `0A000` 'extension "pg_lease" is not available' with the detail
+/// "Could not open extension control file".
+fn files_missing(code: &str, message: &str, detail: Option<&str>) -> bool {
+    code == SqlState::UNDEFINED_FILE.code()
+        || (code == SqlState::FEATURE_NOT_SUPPORTED.code()
+            && (message.contains("is not available")
+                || detail.is_some_and(|d| d.contains("extension control file"))))
 }
 
 /// After an install: a line saying the reaper will not run, if so.
@@ -161,5 +173,37 @@ async fn reaper_note(pg: &tokio_postgres::Client) -> &'static str {
              expired leases wait for `pg-lease sweep` or lease.sweep() from a scheduler\n"
         }
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::files_missing;
+
+    #[test]
+    fn missing_files_are_recognised_in_old_and_new_wording() {
+        // PostgreSQL 15.20, as printed there.
+        assert!(files_missing(
+            "0A000",
+            "extension \"pg_lease\" is not available",
+            Some("Could not open extension control file \"/usr/share/postgresql/15/extension/pg_lease.control\": No such file or directory."),
+        ));
+        // Earlier minors, and a control file without its library.
+        assert!(files_missing(
+            "58P01",
+            "could not open extension control file \"/usr/share/postgresql/15/extension/pg_lease.control\": No such file or directory",
+            None,
+        ));
+        assert!(files_missing(
+            "58P01",
+            "could not access file \"$libdir/pg_lease\": No such file or directory",
+            None,
+        ));
+        assert!(!files_missing("0A000", "cannot do that", None));
+        assert!(!files_missing(
+            "42501",
+            "permission denied to create extension \"pg_lease\"",
+            None
+        ));
     }
 }
