@@ -51,8 +51,13 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
     .await;
     assert_eq!(state, "dead", "the refused requeue changed nothing");
 
-    // lease_admin: the views and the functions, but not lease.job itself.
-    let ops = url_as(&cluster, TEST_DB, "ops");
+    lease_admin_may_read_the_views(&cluster, dead);
+    nothing_tried_exits_2(&cluster);
+}
+
+/// lease_admin: the views and the functions, but not lease.job itself.
+fn lease_admin_may_read_the_views(cluster: &Cluster, dead: i64) {
+    let ops = url_as(cluster, TEST_DB, "ops");
     // status: lease.reaper_stats calls two functions that lease_admin may
     // not execute (0.2.0), so the reaper part is unknown, said so, and the
     // exit code is 1; the rest is shown. With that grant fixed: all, 0.
@@ -81,12 +86,14 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
     assert!(stderr(&jobs).contains("SQLSTATE 42501"), "{jobs:?}");
     let requeued = pg_lease(&ops, &["requeue", &dead.to_string()]);
     assert_exit(&requeued, 0);
+}
 
-    // Nothing tried: a role that does not exist, a database that does not
-    // exist, a server that is not there, no database given.
+/// A role that does not exist, a database that does not exist, a server
+/// that is not there, a string that is no connection string: exit 2.
+fn nothing_tried_exits_2(cluster: &Cluster) {
     for url in [
-        url_as(&cluster, TEST_DB, "ghost"),
-        url_as(&cluster, "nowhere", "nobody"),
+        url_as(cluster, TEST_DB, "ghost"),
+        url_as(cluster, "nowhere", "nobody"),
         "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=5".to_owned(),
         "not a connection string".to_owned(),
     ] {
@@ -99,6 +106,6 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
             );
         }
     }
-    let ghost = pg_lease(&url_as(&cluster, TEST_DB, "ghost"), &["status"]);
+    let ghost = pg_lease(&url_as(cluster, TEST_DB, "ghost"), &["status"]);
     assert!(stderr(&ghost).contains("SQLSTATE 28000"), "{ghost:?}");
 }

@@ -51,8 +51,16 @@ async fn status_queues_and_a_sweep_by_hand() {
     )
     .await;
     let url = cluster.conn_string(TEST_DB);
+    status_before_the_sweep(&url, &version, id);
 
-    let status = pg_lease(&url, &["status"]);
+    sweep_recovers(&pg, &url, id, epoch).await;
+    queues_show_policies(&url);
+}
+
+/// Before the sweep: the expired lease waits, no reaper runs, the leader
+/// holds its named lease.
+fn status_before_the_sweep(url: &str, version: &str, id: i64) {
+    let status = pg_lease(url, &["status"]);
     assert_exit(&status, 0);
     let text = stdout(&status);
     assert!(
@@ -76,10 +84,10 @@ async fn status_queues_and_a_sweep_by_hand() {
         "{text}"
     );
 
-    let json = pg_lease_json(&url, &["status"]);
+    let json = pg_lease_json(url, &["status"]);
     assert_eq!(json["database"], TEST_DB);
-    assert_eq!(json["extension"]["installed"], version.as_str());
-    assert_eq!(json["extension"]["available"], version.as_str());
+    assert_eq!(json["extension"]["installed"], version);
+    assert_eq!(json["extension"]["available"], version);
     let emails = find(&json["queues"], "queue", "emails");
     assert_eq!(
         (emails["pending"].as_i64(), emails["expired"].as_i64()),
@@ -94,13 +102,15 @@ async fn status_queues_and_a_sweep_by_hand() {
         .as_f64()
         .is_some_and(|s| s > 30.0 && s <= 60.0));
 
-    let leases = pg_lease_json(&url, &["in-flight", "--queue", "emails"]);
+    let leases = pg_lease_json(url, &["in-flight", "--queue", "emails"]);
     assert_eq!(leases[0]["id"], id);
     assert_eq!(leases[0]["owner"], "w1");
     assert_eq!(leases[0]["expired"], true);
+}
 
-    // sweep recovers the expired lease: new epoch, pending again.
-    let swept = pg_lease(&url, &["sweep"]);
+/// `sweep` recovers the expired lease: new epoch, pending again.
+async fn sweep_recovers(pg: &tokio_postgres::Client, url: &str, id: i64, epoch: i64) {
+    let swept = pg_lease(url, &["sweep"]);
     assert_exit(&swept, 0);
     assert_eq!(
         line_cells(&swept, "emails")[..4],
@@ -121,17 +131,20 @@ async fn status_queues_and_a_sweep_by_hand() {
     assert_eq!(state, "pending");
     assert!(new_epoch > epoch);
     // `reap` is the old name of the same command.
-    let again = pg_lease_json(&url, &["reap"]);
+    let again = pg_lease_json(url, &["reap"]);
     assert_eq!(again, serde_json::json!({"reaped": [], "purged": 0}));
+}
 
-    let queues = pg_lease(&url, &["queues"]);
+/// `queues`: policies and counts, as a table and as JSON.
+fn queues_show_policies(url: &str) {
+    let queues = pg_lease(url, &["queues"]);
     assert_exit(&queues, 0);
     let reports = line_cells(&queues, "reports").join(" ");
     assert!(
         reports.starts_with("reports 25 1 s..1 h none 1 h 7 d granted 0"),
         "{reports}"
     );
-    let queues = pg_lease_json(&url, &["queues"]);
+    let queues = pg_lease_json(url, &["queues"]);
     let emails = find(&queues, "queue", "emails");
     assert_eq!(emails["max_attempts"], 3);
     assert_eq!(emails["backoff_base_secs"], 1.0);
@@ -146,7 +159,7 @@ async fn status_queues_and_a_sweep_by_hand() {
     assert_eq!(reports["restricted"], true);
 
     // The recovered row waits out its backoff; the other one is ready.
-    let stats = pg_lease_json(&url, &["stats"]);
+    let stats = pg_lease_json(url, &["stats"]);
     let emails = find(&stats, "queue", "emails");
     assert_eq!(emails["pending"], 2);
     assert!(emails["oldest_ready_age_secs"].as_f64().is_some());
