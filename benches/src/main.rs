@@ -4,7 +4,8 @@
 //! `pg_lease_benches::SETTINGS`), creates the extension and the hand-written baseline's
 //! tables, then measures side by side: pgbench drains (pg_lease vs the
 //! hand-written seed SQL vs a primary-key UPDATE ceiling), enqueue, renew
-//! and its HOT share, the Rust client and its `Worker`, claim latency vs
+//! and its HOT share, the Rust client, its `Worker` (beside the
+//! hand-written SQL on the same rows), claim latency vs
 //! backlog, a pinned xmin, sustained churn, and a concurrency sweep. Prints
 //! a Markdown report and writes it, with a plot, to `benches/results/`
 //! (`benches/results/smoke/` with `--smoke`).
@@ -12,15 +13,17 @@
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, enqueue, renew, client, latency, pinned, churn, sweep
+//! sections: claim, enqueue, renew, client, worker, latency, pinned, churn, sweep
 //! ```
 //!
 //! The extension must be installed into the PostgreSQL 15 that
 //! `pg_tests::pg_bin_dir()` points at (`bin/bench` does that first).
 
+mod cpu;
 mod pgbench;
 mod report;
 mod scenarios;
+mod worker;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -33,7 +36,7 @@ use crate::report::Results;
 use crate::scenarios::{connect, Bench, Res, Size};
 
 const SECTIONS: &[&str] = &[
-    "claim", "enqueue", "renew", "client", "latency", "pinned", "churn", "sweep",
+    "claim", "enqueue", "renew", "client", "worker", "latency", "pinned", "churn", "sweep",
 ];
 
 struct Args {
@@ -178,6 +181,7 @@ fn run() -> Res<()> {
                 "enqueue" => bench.enqueue(&mut results).await?,
                 "renew" => bench.renew(&mut results).await?,
                 "client" => bench.client(&mut results).await?,
+                "worker" => bench.worker(&mut results).await?,
                 "latency" => bench.latency(&mut results).await?,
                 "pinned" => bench.pinned(&mut results).await?,
                 "churn" => bench.churn(&mut results).await?,

@@ -1,19 +1,13 @@
 //! The measurements. Each one resets the tables it uses, fills them, then
 //! times the work; every drain checks that the rows really left.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_lease_client::{CancellationToken, Client, FencingToken, Outcome, Worker, WorkerConfig};
+use pg_lease_client::{Client, FencingToken, Outcome};
 use tokio_postgres::NoTls;
 
 use crate::pgbench::{Length, Pgbench, Run};
 use crate::report::{rate, ratio, Results, SweepPoint, Table};
-
-/// The Worker's prefetch in the tuned drain: claims of up to 16 + 112 = 128
-/// rows (measured: 10.6k jobs/s at 48, 22.1k at 112, 4.97k at 0).
-const WORKER_PREFETCH: usize = 112;
 
 /// Errors of the runner: a message for the operator.
 pub type Res<T> = Result<T, String>;
@@ -50,7 +44,8 @@ pub struct Size {
     pub sweep_clients: Vec<u32>,
     /// Rows the sweep drains per client (capped at `drain_b50`).
     pub sweep_rows_per_client: u64,
-    /// Rows the Worker drains.
+    /// Rows the Worker drains (and a tenth of them, and a twentieth as
+    /// 10 ms jobs).
     pub worker_rows: u64,
     /// Longest any single drain may take.
     pub deadline: Duration,
@@ -172,7 +167,7 @@ impl Bench {
             .map_err(|e| format!("{sql}: {}", pg(e)))
     }
 
-    async fn scalar_i64(&self, sql: &str) -> Res<i64> {
+    pub(crate) async fn scalar_i64(&self, sql: &str) -> Res<i64> {
         let row = self
             .admin
             .query_one(sql, &[])
@@ -230,7 +225,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn remaining(&self, side: Side) -> Res<u64> {
+    pub(crate) async fn remaining(&self, side: Side) -> Res<u64> {
         let sql = match side {
             Side::Lease => "SELECT count(*) FROM lease.job WHERE queue = 'q'",
             Side::Hand => "SELECT count(*) FROM bench_jobs",
@@ -238,13 +233,16 @@ impl Bench {
         Ok(self.scalar_i64(sql).await? as u64)
     }
 
-    async fn fill(&self, side: Side, n: u64) -> Res<()> {
+    /// Empties both tables and enqueues `n` rows on one side, as users
+    /// do: no VACUUM before the drain, only a CHECKPOINT, so that no drain
+    /// inherits another's checkpoint.
+    pub(crate) async fn fill(&self, side: Side, n: u64) -> Res<()> {
         self.reset().await?;
         match side {
             Side::Lease => self.fill_lease(n).await?,
             Side::Hand => self.fill_hand(n).await?,
         }
-        self.settle().await
+        self.exec("CHECKPOINT").await
     }
 
     /// Opens a session that holds a snapshot (REPEATABLE READ, one query
@@ -278,10 +276,28 @@ impl Bench {
         rows: u64,
         pinned: bool,
     ) -> Res<Drain> {
-        let per_cycle = u64::from(batch) * u64::from(clients);
-        let cycles = rows.div_ceil(per_cycle).max(1);
-        let rows = cycles * per_cycle;
+        let rows = Self::whole_cycles(batch, clients, rows);
         self.fill(side, rows).await?;
+        self.drain_filled(side, batch, clients, rows, pinned).await
+    }
+
+    /// `rows` rounded up to whole pgbench cycles of `batch × clients`.
+    pub(crate) fn whole_cycles(batch: u32, clients: u32, rows: u64) -> u64 {
+        let per_cycle = u64::from(batch) * u64::from(clients);
+        rows.div_ceil(per_cycle).max(1) * per_cycle
+    }
+
+    /// The drain of [`Bench::pgbench_drain`], of rows already filled
+    /// (`rows` whole cycles).
+    pub(crate) async fn drain_filled(
+        &self,
+        side: Side,
+        batch: u32,
+        clients: u32,
+        rows: u64,
+        pinned: bool,
+    ) -> Res<Drain> {
+        let cycles = rows / (u64::from(batch) * u64::from(clients));
         let pin = if pinned {
             Some(self.pin_xmin().await?)
         } else {
@@ -636,71 +652,13 @@ impl Bench {
         })
     }
 
-    /// A `Worker` with 16 slots and `prefetch` drains `rows` no-op jobs;
-    /// timed from its start to the queue being empty.
-    async fn worker_drain(&self, rows: u64, prefetch: usize) -> Res<Drain> {
-        self.fill(Side::Lease, rows).await?;
-        let handled = Arc::new(AtomicU64::new(0));
-        let started = Instant::now();
-        let client = Client::connect(&self.conn).await.map_err(client_err)?;
-        let mut config = WorkerConfig::new("q");
-        config.concurrency = 16;
-        config.prefetch = prefetch;
-        let counter = Arc::clone(&handled);
-        let worker = Worker::new(client, config, move |_job| {
-            let counter = Arc::clone(&counter);
-            async move {
-                counter.fetch_add(1, Ordering::Relaxed);
-                Ok(Outcome::Done)
-            }
-        });
-        let shutdown = CancellationToken::new();
-        let run = tokio::spawn(worker.run(shutdown.clone()));
-        let deadline = started + self.size.deadline;
-        let mut timed_out = false;
-        // Wait until every job ran, then until its release committed.
-        loop {
-            if Instant::now() > deadline {
-                timed_out = true;
-                break;
-            }
-            if run.is_finished() {
-                break;
-            }
-            if handled.load(Ordering::Relaxed) >= rows && self.remaining(Side::Lease).await? == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let secs = started.elapsed().as_secs_f64();
-        let left = self.remaining(Side::Lease).await?;
-        shutdown.cancel();
-        let summary = run
-            .await
-            .map_err(|e| format!("worker task: {e}"))?
-            .map_err(client_err)?;
-        if summary.done + left != rows {
-            eprintln!("bench: worker summary {summary:?}, {left} rows left of {rows}");
-        }
-        Ok(Drain {
-            rows,
-            drained: rows - left,
-            secs,
-            timed_out,
-        })
-    }
-
-    /// Rust client drains and the Worker drains.
+    /// Rust client drains (the Worker has its own section, `worker.rs`).
     pub async fn client(&self, out: &mut Results) -> Res<()> {
         let mut t = Table::new(
-            "Rust client (pg_lease_client), 16 connections / 16 slots",
-            "Client drain: 16 tasks, each with its own `Client`, loop `claim` → `release_batch` \
-             (or `release` at batch 1) until a claim comes back empty — the SQL of the pgbench \
-             pg_lease rows above. Worker: one `Worker` with `concurrency = 16` and a no-op \
-             handler (LISTEN connection and heartbeat connection), timed from its start until \
-             the queue is empty; with the default prefetch 0 (claims only free slots, one \
-             release-and-claim per cycle) and with prefetch 112 (claims of up to 128 rows, \
-             started as slots free up).",
+            "Rust client (pg_lease_client), 16 connections",
+            "16 tasks, each with its own `Client`, loop `claim` → `release_batch` (or `release` \
+             at batch 1) until a claim comes back empty — the SQL of the pgbench pg_lease rows \
+             above.",
             &[
                 "scenario",
                 "rows",
@@ -724,17 +682,6 @@ impl Bench {
                     .map(|p| ratio(d.jobs_per_s() / p))
                     .unwrap_or_else(|| "—".into()),
             );
-            t.row(cells);
-        }
-        for (prefetch, key) in [
-            (0, "worker_default_jobs_s"),
-            (WORKER_PREFETCH, "worker_jobs_s"),
-        ] {
-            let d = self.worker_drain(self.size.worker_rows, prefetch).await?;
-            out.metrics.insert(key, d.jobs_per_s());
-            let mut cells = vec![format!("Worker, 16 slots, prefetch {prefetch}, no-op jobs")];
-            cells.extend(d.cells());
-            cells.push("—".into());
             t.row(cells);
         }
         out.tables.push(t);
