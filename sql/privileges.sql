@@ -85,7 +85,11 @@ GRANT EXECUTE ON FUNCTION
     -- the triggers, and the function acts only for the attached table.
     lease._attached_row_changed(),
     -- Prints the caller's own view; changes nothing.
-    lease._qualified_predicate(oid, oid, text)
+    lease._qualified_predicate(oid, oid, text),
+    -- Read the reaper's shared-memory counters for lease.reaper_stats (a
+    -- view's function calls are checked against the reader).
+    lease._reaper_slot_shortages(),
+    lease._reaper_last_slot_shortage()
 TO lease_admin;
 
 GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,

@@ -2040,7 +2040,9 @@ GRANT EXECUTE ON FUNCTION
     lease._rank_sql(oid, smallint, text),
     lease._detach_unregister(regclass),
     lease._attached_row_changed(),
-    lease._qualified_predicate(oid, oid, text)
+    lease._qualified_predicate(oid, oid, text),
+    lease._reaper_slot_shortages(),
+    lease._reaper_last_slot_shortage()
 TO lease_admin;
 
 GRANT SELECT ON lease.reaper_stats, lease.queue_grant, lease.attachment TO lease_admin;

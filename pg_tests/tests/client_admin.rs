@@ -152,3 +152,35 @@ async fn the_workers_sessions_carry_its_owner() {
     shutdown.cancel();
     run.await.expect("task").expect("run");
 }
+
+/// A `lease_admin` reads every monitoring view it is granted, through SQL
+/// and through the client. Failed before the fix: `lease.reaper_stats`
+/// calls two shared-memory readers (`_reaper_slot_shortages`,
+/// `_reaper_last_slot_shortage`) that only the superuser could execute, so
+/// the view granted to lease_admin raised 42501 for it (found by the
+/// `pg-lease status` tests).
+#[tokio::test]
+async fn an_admin_reads_every_monitoring_view() {
+    let cluster = Cluster::start();
+    cluster.psql(TEST_DB, "CREATE ROLE ops LOGIN IN ROLE lease_admin");
+    let ops = cluster.connect_to(TEST_DB, "ops").await;
+    for view in [
+        "queue_stats",
+        "in_flight",
+        "dead_letters",
+        "holders",
+        "reaper_stats",
+    ] {
+        if let Err(e) = ops.query(&format!("SELECT * FROM lease.{view}"), &[]).await {
+            panic!("lease_admin reading lease.{view}: {e:?}");
+        }
+    }
+    let admin = Client::connect(&conn(&cluster, "ops"))
+        .await
+        .expect("admin");
+    let stats = admin
+        .reaper_stats()
+        .await
+        .expect("reaper_stats as lease_admin");
+    assert_eq!(stats.sweeps, 0, "no reaper in this cluster: {stats:?}");
+}
