@@ -128,6 +128,21 @@ async fn databases_created_later_are_swept_and_can_be_dropped() {
             .await
             .expect("DROP DATABASE while the reaper runs");
     }
+    // Dropped databases leave nothing alarming behind: a sweeper that
+    // raced the drop ends quietly (the launcher used to fork one into the
+    // dropped database, which died with FATAL and exit code 1).
+    let log = cluster.server_log();
+    let alarming: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            (l.contains("FATAL") && l.contains("does not exist"))
+                || (l.contains("pg_lease") && l.contains("exited with exit code 1"))
+        })
+        .collect();
+    assert!(
+        alarming.is_empty(),
+        "server log after DROP DATABASE: {alarming:#?}"
+    );
     // And CREATE DATABASE (template1 is never connected to) keeps working.
     let dbs = scalar::<i64>(
         &admin,
