@@ -7,8 +7,8 @@
 --                 so it can act only through the fenced functions.
 --   lease_admin   operators: everything lease_worker can on every queue,
 --                 plus creating and dropping queues, granting access,
---                 attaching tables they own, reap, purge, sweep and the
---                 monitoring views.
+--                 attaching tables they own, schedules, reap, purge,
+--                 sweep and the monitoring views.
 --
 -- Both are NOLOGIN group roles: GRANT them to your login roles. PUBLIC gets
 -- nothing: no schema usage, no function, no table. Functions whose name
@@ -68,6 +68,8 @@ GRANT EXECUTE ON FUNCTION
     lease.reap(integer),
     lease.purge(integer),
     lease.sweep(integer),
+    lease.schedule(text, text, text, interval, jsonb, integer, text),
+    lease.unschedule(text),
     lease.attach(regclass, text, text, integer, interval, interval, interval, name, text, text),
     lease.detach(regclass),
     -- The exceptions. attach and detach run as their caller (they must
@@ -93,7 +95,7 @@ GRANT EXECUTE ON FUNCTION
 TO lease_admin;
 
 GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
-                lease.queue, lease.queue_grant, lease.attachment
+                lease.queue, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;
 
 -- pg_dump keeps the lease state (and pg_restore brings it back) like the
@@ -106,6 +108,7 @@ SELECT pg_catalog.pg_extension_config_dump('lease.job', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.job_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.named_lease', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
 
 -- Job ids are half of every fencing token, so a reinstall must never issue
 -- an id the previous install issued. The WAL position only grows in a

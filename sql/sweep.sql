@@ -63,6 +63,12 @@ BEGIN
         END LOOP;
     END;
     BEGIN
+        PERFORM lease._enqueue_due(n);
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('schedules: %s: %s', SQLSTATE, problem);
+    END;
+    BEGIN
         purged := lease.purge(n);
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
@@ -119,10 +125,11 @@ RETURN least(
        CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
                              FROM lease.job j
                             WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
-      WHERE NOT q.attached));
+      WHERE NOT q.attached),
+    (SELECT min(s.next_at) FROM lease.schedule s));
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry or a purge); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue); NULL if none until something changes.';
 
 CREATE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,

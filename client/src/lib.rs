@@ -65,8 +65,9 @@ pub use elector::{Elector, ElectorConfig, Leadership, Term};
 pub use error::{Error, Result, LEASE_LOST_SQLSTATE};
 pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, Renewal};
 pub use queue::{
-    BatchOptions, DeadLetter, EnqueueOptions, ExtensionVersions, Holder, InFlight, JobFilter,
-    JobRecord, QueueOptions, QueueSettings, QueueStats, Reaped, ReaperStats,
+    BatchOptions, DeadLetter, EnqueueOptions, Every, ExtensionVersions, Holder, InFlight,
+    JobFilter, JobRecord, QueueOptions, QueueSettings, QueueStats, Reaped, ReaperStats,
+    ScheduleOptions,
 };
 pub use transaction::FencedTransaction;
 pub use worker::{

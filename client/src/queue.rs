@@ -38,6 +38,27 @@ impl Default for QueueOptions {
     }
 }
 
+/// When a schedule fires, for [`Client::schedule`](crate::Client::schedule).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Every {
+    /// A cron expression, in UTC: five fields (minute hour day-of-month
+    /// month day-of-week), or six with seconds first; `L`, `W` and `#`
+    /// work as in Vixie cron.
+    Cron(String),
+    /// A fixed period, counted from the time the schedule is (re)created.
+    Period(Duration),
+}
+
+/// Options of a schedule, for [`Client::schedule`](crate::Client::schedule).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScheduleOptions {
+    /// Priority of the rows it enqueues. Default 0.
+    pub priority: i32,
+    /// After an outage, enqueue every missed occurrence (oldest first),
+    /// not only the latest. Default false.
+    pub catch_up: bool,
+}
+
 /// Options of one [`Client::enqueue_with`](crate::Client::enqueue_with).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EnqueueOptions {

@@ -8,6 +8,7 @@
 
 use pgrx::prelude::*;
 
+pub mod cron;
 pub mod epoch;
 pub mod launcher;
 pub mod predicate;
@@ -44,6 +45,16 @@ pgrx::extension_sql_file!(
     name = "outcome",
     requires = ["attach", "reap"]
 );
+pgrx::extension_sql_file!(
+    "../../sql/schedule.sql",
+    name = "schedule",
+    requires = [
+        "queue",
+        cron::cron_next,
+        cron::cron_last,
+        shared::reaper_touch
+    ]
+);
 pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
@@ -51,6 +62,7 @@ pgrx::extension_sql_file!(
     requires = [
         "reap",
         "attach",
+        "schedule",
         shared::reaper_slot_shortages,
         shared::reaper_last_slot_shortage
     ]

@@ -2,7 +2,8 @@
 //!
 //! This file holds the connection handling; the calls are grouped by what
 //! they act on: `queues` (queues and their rows), `leases` (claims and the
-//! leases on rows, and `fence`), `named` (named leases), `admin`
+//! leases on rows, and `fence`), `named` (named leases), `schedules`
+//! (periodic enqueues), `admin`
 //! (housekeeping and the views). `statements` is their SQL, `rows` reads
 //! their answers.
 
@@ -19,6 +20,7 @@ mod leases;
 mod named;
 mod queues;
 mod rows;
+mod schedules;
 mod statements;
 
 pub use leases::{fence, fence_named};

@@ -40,6 +40,8 @@ pub(super) enum Query {
     Jobs,
     Job,
     ExtensionVersions,
+    Schedule,
+    Unschedule,
 }
 
 /// `$n` microseconds from now by the database clock, or NULL.
@@ -81,8 +83,9 @@ macro_rules! as_micros {
 }
 
 impl Query {
-    /// How many statements there are (one prepared-statement slot each).
-    pub(super) const COUNT: usize = Query::ExtensionVersions as usize + 1;
+    /// How many statements there are (one prepared-statement slot each):
+    /// the last variant above plus one.
+    pub(super) const COUNT: usize = Query::Unschedule as usize + 1;
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
@@ -239,6 +242,12 @@ impl Query {
                 "(SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_lease'), ",
                 "(SELECT default_version FROM pg_catalog.pg_available_extensions WHERE name = 'pg_lease')"
             ),
+            S::Schedule => concat!(
+                "SELECT lease.schedule(name => $1::text, queue => $2::text, cron => $3::text, every => ",
+                micros!("4"),
+                ", payload => $5::jsonb, priority => $6::int, missed => $7::text)"
+            ),
+            S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
         }
     }
 }
