@@ -390,7 +390,14 @@ impl Bench {
         let c1 = self.ceiling(1, 16).await?;
         out.metrics.insert("ceiling_50_rows", c50);
         out.metrics.insert("ceiling_1_rows", c1);
-        for (batch, rows) in [(50, self.size.drain_b50), (1, self.size.drain_b1)] {
+        // Batch 50 at the full size and at a tenth of it (issue 15 asks for
+        // both: a short drain meets rows that were just inserted).
+        for (batch, rows) in [
+            (50, self.size.drain_b50),
+            (50, self.size.drain_b50 / 10),
+            (1, self.size.drain_b1),
+        ] {
+            let small = batch == 50 && rows < self.size.drain_b50;
             let hand = self
                 .pgbench_drain(Side::Hand, batch, 16, rows, false)
                 .await?;
@@ -405,14 +412,14 @@ impl Bench {
                 cells.push(ratio(d.jobs_per_s() / ceiling));
                 t.row(cells);
             }
-            let (lk, hk) = if batch == 1 {
-                ("lease_b1", "hand_b1")
-            } else {
-                ("lease_b50", "hand_b50")
+            let (lk, hk) = match (batch, small) {
+                (1, _) => ("lease_b1", "hand_b1"),
+                (_, true) => ("lease_b50_small", "hand_b50_small"),
+                _ => ("lease_b50", "hand_b50"),
             };
             out.metrics.insert(lk, lease.jobs_per_s());
             out.metrics.insert(hk, hand.jobs_per_s());
-            if batch == 50 {
+            if batch == 50 && !small {
                 out.sweep.push(SweepPoint {
                     clients: 16,
                     lease: lease.jobs_per_s(),
