@@ -142,10 +142,13 @@ CREATE TYPE lease.claim AS (
     payload     jsonb,
     epoch       bigint,
     attempt     integer,
-    lease_until timestamptz
+    lease_until timestamptz,
+    -- When the row became claimable (its next_at): lease_until − ttl minus
+    -- this is how long it waited, both by the database clock.
+    eligible_at timestamptz
 );
 
 COMMENT ON TYPE lease.claim IS
-    'A row handed out by lease.claim_pending, with its fencing token (id, epoch) and the database time its lease ends.';
+    'A row handed out by lease.claim_pending, with its fencing token (id, epoch), the database time its lease ends, and when it became claimable.';
 
 INSERT INTO lease.queue (name) VALUES ('default');

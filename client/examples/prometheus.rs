@@ -77,6 +77,7 @@ async fn main() -> Result<(), BoxError> {
         r#"pg_lease_jobs_total{queue="metrics_demo",event="failed"} 5"#,
         "pg_lease_handler_seconds",
         "pg_lease_claim_seconds",
+        "pg_lease_claim_wait_seconds",
     ] {
         if !scraped.contains(expected) {
             missing.push(expected);

@@ -72,6 +72,7 @@ pub struct Lease {
     pub(crate) key: Option<String>,
     pub(crate) owner: String,
     pub(crate) lease_until: SystemTime,
+    pub(crate) eligible_at: SystemTime,
     pub(crate) claim_sent_at: Instant,
     pub(crate) ttl: Duration,
 }
@@ -127,6 +128,22 @@ impl Lease {
     /// use [`Lease::local_expiry`] for local decisions.
     pub fn lease_until(&self) -> SystemTime {
         self.lease_until
+    }
+
+    /// When the row became claimable (its `next_at`), by the database
+    /// clock. For a row taken back with `reclaim_own`: when it first did.
+    pub fn eligible_at(&self) -> SystemTime {
+        self.eligible_at
+    }
+
+    /// How long the row waited between becoming claimable and this claim,
+    /// both read from the database clock (the claim's time is
+    /// `lease_until − ttl`); zero if the clock stepped back.
+    pub fn waited(&self) -> Duration {
+        self.lease_until
+            .checked_sub(self.ttl)
+            .and_then(|claimed| claimed.duration_since(self.eligible_at).ok())
+            .unwrap_or(Duration::ZERO)
     }
 
     /// When the claim request was sent (local monotonic clock).

@@ -9,6 +9,7 @@
 //! | `pg_lease_jobs_total` | counter | jobs | `queue`, `event` | a Worker's jobs by event: `claimed`, `done`, `retried`, `failed`, `abandoned`, `lost` (a release the database refused: the lease had ended), `unreleased` (a release given up after errors), `panicked` |
 //! | `pg_lease_handler_seconds` | histogram | seconds | `queue`, `outcome` | how long handlers ran, by the outcome they answered |
 //! | `pg_lease_claim_seconds` | histogram | seconds | `queue` | latency of a Worker's claim requests |
+//! | `pg_lease_claim_wait_seconds` | histogram | seconds | `queue` | how long each row a Worker claimed had been claimable ([`Lease::waited`](crate::Lease::waited): database clock; reclaims not counted) |
 //! | `pg_lease_renew_seconds` | histogram | seconds | `queue` | latency of a Worker's heartbeats (one `renew_batch`) |
 //! | `pg_lease_leases_held` | gauge | leases | `queue` | leases a Worker holds, at its last heartbeat |
 //! | `pg_lease_jobs_running` | gauge | jobs | `queue` | handlers running now |
@@ -21,6 +22,8 @@ pub const JOBS: &str = "pg_lease_jobs_total";
 pub const HANDLER_SECONDS: &str = "pg_lease_handler_seconds";
 /// Claim request latency.
 pub const CLAIM_SECONDS: &str = "pg_lease_claim_seconds";
+/// Time from claimable to claimed.
+pub const CLAIM_WAIT_SECONDS: &str = "pg_lease_claim_wait_seconds";
 /// Heartbeat latency.
 pub const RENEW_SECONDS: &str = "pg_lease_renew_seconds";
 /// Leases held.

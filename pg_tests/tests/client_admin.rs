@@ -184,3 +184,45 @@ async fn an_admin_reads_every_monitoring_view() {
         .expect("reaper_stats as lease_admin");
     assert_eq!(stats.sweeps, 0, "no reaper in this cluster: {stats:?}");
 }
+
+/// Each claim reports how long its row had been claimable, by the database
+/// clock alone (`Lease::waited`, the Worker's `pg_lease_claim_wait_seconds`):
+/// from its `run_at` for a delayed row, from its enqueue otherwise. New with
+/// issue 17 (claims did not say when a row became claimable).
+#[tokio::test]
+async fn claims_report_how_long_rows_waited() {
+    use pg_lease_client::EnqueueOptions;
+
+    let cluster = Cluster::start();
+    let client = Client::connect(&conn(&cluster, "postgres"))
+        .await
+        .expect("client");
+    client.enqueue("default", &json!({"n": 1})).await.expect("now");
+    let delayed = EnqueueOptions {
+        delay: Some(Duration::from_millis(300)),
+        ..EnqueueOptions::default()
+    };
+    client
+        .enqueue_with("default", &json!({"n": 2}), &delayed)
+        .await
+        .expect("delayed");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let claimed = client
+        .claim(2, Duration::from_secs(60), "w", "default")
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let waited = |n: i64| {
+        let c = claimed
+            .iter()
+            .find(|c| c.payload["n"] == n)
+            .expect("the row");
+        assert!(c.lease.eligible_at() <= c.lease.lease_until());
+        c.lease.waited()
+    };
+    let (now, later) = (waited(1), waited(2));
+    assert!(now >= Duration::from_millis(600), "{now:?}");
+    assert!(now < Duration::from_secs(10), "{now:?}");
+    assert!(later >= Duration::from_millis(250), "{later:?}");
+    assert!(later + Duration::from_millis(250) <= now, "{later:?} vs {now:?}");
+}

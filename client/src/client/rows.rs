@@ -70,7 +70,7 @@ pub(super) fn check_order(tokens: &[FencingToken], ids: impl Iterator<Item = i64
 }
 
 /// A claimed row from the claim columns `(id, queue, key, payload, epoch,
-/// attempt, lease_until)` of `row`, starting at column `first`.
+/// attempt, lease_until, eligible_at)` of `row`, starting at column `first`.
 pub(super) fn claimed_from(
     row: &tokio_postgres::Row,
     first: usize,
@@ -86,6 +86,7 @@ pub(super) fn claimed_from(
             epoch: col(row, first + 4)?,
             attempt: col(row, first + 5)?,
             lease_until: col(row, first + 6)?,
+            eligible_at: col(row, first + 7)?,
             owner: owner.to_owned(),
             claim_sent_at: sent,
             ttl,

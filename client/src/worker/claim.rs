@@ -78,6 +78,9 @@ pub(super) async fn claim_loop(
                 }
                 ctx.counters.claimed(got);
                 for claimed in rows {
+                    if !reclaiming {
+                        ctx.counters.claim_wait(claimed.lease.waited());
+                    }
                     let permit = match permits.pop() {
                         Some(permit) if !shutdown.is_cancelled() => permit,
                         // Over the limit (the SQL never does this) or too

@@ -41,6 +41,7 @@ struct Handles {
     /// By outcome: done, retry, fail, abandon.
     handler: [Histogram; 4],
     claim: Histogram,
+    claim_wait: Histogram,
     renew: Histogram,
     held: Gauge,
     running: Gauge,
@@ -68,6 +69,7 @@ impl Handles {
                 handler("abandon"),
             ],
             claim: metrics::histogram!(m::CLAIM_SECONDS, "queue" => queue.to_owned()),
+            claim_wait: metrics::histogram!(m::CLAIM_WAIT_SECONDS, "queue" => queue.to_owned()),
             renew: metrics::histogram!(m::RENEW_SECONDS, "queue" => queue.to_owned()),
             held: metrics::gauge!(m::LEASES_HELD, "queue" => queue.to_owned()),
             running: metrics::gauge!(m::JOBS_RUNNING, "queue" => queue.to_owned()),
@@ -100,6 +102,11 @@ impl Counters {
 
     pub(super) fn claimed(&self, n: usize) {
         add(&self.claimed, &self.metrics.claimed, n as u64);
+    }
+
+    /// A claimed row had been claimable for `waited` (database clock).
+    pub(super) fn claim_wait(&self, waited: Duration) {
+        self.metrics.claim_wait.record(waited.as_secs_f64());
     }
 
     pub(super) fn recorded(&self, outcome: &Outcome) {

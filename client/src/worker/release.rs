@@ -184,6 +184,7 @@ pub(super) async fn release_all(ctx: &Ctx, held: Vec<Held>, refill: &Refill) -> 
                 ctx.counters.claimed(claimed.len());
                 if let Some(shared) = group.first().map(|h| Arc::clone(&h.ctx)) {
                     for row in claimed {
+                        ctx.counters.claim_wait(row.lease.waited());
                         let Some(permit) = permits.pop() else {
                             // More rows than leases given up: the SQL
                             // never does this.
