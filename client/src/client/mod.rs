@@ -217,8 +217,13 @@ impl Client {
         let Some(connector) = &self.inner.connector else {
             return Err(Error::Protocol("client has no connection".to_owned()));
         };
-        *current = None;
+        let reconnecting = current.take().is_some();
         let connected = connector.open().await?;
+        if reconnecting {
+            tracing::info!("reconnected: the previous connection had closed");
+        } else {
+            tracing::debug!("connected");
+        }
         let conn = Arc::new(Conn::new(connected.client));
         *current = Some(Arc::clone(&conn));
         Ok(conn)
@@ -232,6 +237,9 @@ impl Client {
         }
         let mut current = self.inner.current.lock().await;
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            tracing::info!(
+                "connection given up (failed or timed out); the next request reconnects"
+            );
             *current = None;
         }
     }
