@@ -86,6 +86,8 @@ DECLARE
     k text;
     r bigint;
     rank_sql text;
+    st lease.job_state;
+    n bigint;
 BEGIN
     IF col IS NULL THEN
         RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
@@ -93,7 +95,10 @@ BEGIN
                   HINT = 'Only lease.attach creates these triggers; the key column must keep a supported type.';
     END IF;
     IF TG_OP = 'TRUNCATE' THEN
-        DELETE FROM lease.job j WHERE j.queue = q;
+        FOR st, n IN WITH gone AS (DELETE FROM lease.job j WHERE j.queue = q RETURNING j.state)
+                     SELECT g.state, count(*) FROM gone g GROUP BY g.state LOOP
+            PERFORM lease._count_moved(q, st, NULL, n);
+        END LOOP;
         RETURN NULL;
     END IF;
     IF TG_ARGV[1] IN ('start', 'reorder') THEN
@@ -112,7 +117,7 @@ BEGIN
         VALUES (q, k, '{}', r, clock_timestamp(), clock_timestamp())
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
         IF FOUND THEN
-            PERFORM lease.wake(q, 1);
+            PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
         END IF;
     ELSIF TG_ARGV[1] = 'reorder' THEN
         UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k;
@@ -120,7 +125,9 @@ BEGIN
         -- Stopped matching (the domain moved on, or the row is gone): the
         -- row is no longer claimable and any lease on it ends now.
         EXECUTE format('SELECT ($1).%I::text', col) INTO k USING OLD;
-        DELETE FROM lease.job j WHERE j.queue = q AND j.key = k;
+        DELETE FROM lease.job j WHERE j.queue = q AND j.key = k RETURNING j.state INTO st;
+        -- A leased row that stops matching is its job's completion.
+        PERFORM lease._count_moved(q, st, NULL, 1, 'done');
     END IF;
     RETURN NULL;
 END
@@ -320,6 +327,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 -- ON CONFLICT (queue, key) names columns.
 #variable_conflict use_column
+DECLARE
+    added bigint;
 BEGIN
     -- Callable by any lease_admin, so it checks for itself what lease.attach
     -- established: the calling role owns the table.
@@ -349,6 +358,10 @@ BEGIN
     SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
       FROM unnest(existing, ranks) AS u(k, r)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    IF added > 0 THEN
+        PERFORM lease._count(_attach_register.queue, enqueued => added, pending => added);
+    END IF;
     IF cardinality(existing) > 0 THEN
         PERFORM lease.wake(_attach_register.queue, cardinality(existing));
     END IF;
@@ -423,6 +436,7 @@ DECLARE
 BEGIN
     DELETE FROM lease.job j WHERE j.queue = _drop_attached_queue.queue;
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.counter c WHERE c.queue = _drop_attached_queue.queue;
     DELETE FROM lease.queue q WHERE q.name = _drop_attached_queue.queue;
     RETURN removed;
 END

@@ -22,6 +22,7 @@ DECLARE
     q constant text := queue;
     t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
+    got bigint;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -63,21 +64,23 @@ BEGIN
            attempt     = j.attempt + 1,
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
 
-    IF NOT FOUND THEN
+    GET DIAGNOSTICS got = ROW_COUNT;
+    IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease.checked_queue(q);
     ELSE
         -- New leases: the reaper has work here once they may expire.
-        PERFORM lease._reaper_touch();
+        PERFORM lease._reaper_touch(), lease._count(q, claimed => got, pending => -got);
     END IF;
 END
 $$;
 
 COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
 $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
-token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
+token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
+the database clock. One statement; rows are taken
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
@@ -99,6 +102,7 @@ DECLARE
     o constant text := lease.checked_owner(owner);
     q constant text := lease.checked_queue(queue);
     f constant bigint := lease.epoch_floor();
+    got bigint;
 BEGIN
     PERFORM lease._check_access(q, '{work}');
     -- A process restarted under a stable owner name (a StatefulSet
@@ -122,8 +126,12 @@ BEGIN
            attempt     = j.attempt + 1,
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
+    GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM lease._reaper_touch();
+    IF got > 0 THEN
+        PERFORM lease._count(q, claimed => got);
+    END IF;
 END
 $$;
 
@@ -144,7 +152,7 @@ CREATE FUNCTION lease.release_and_claim(
     ttl     interval,
     queue   text DEFAULT 'default'
 ) RETURNS TABLE (released boolean, id bigint, key text, payload jsonb, epoch bigint, attempt integer,
-                 lease_until timestamptz)
+                 lease_until timestamptz, eligible_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -156,12 +164,13 @@ BEGIN
         PERFORM lease.checked_limit("limit");
     END IF;
     RETURN QUERY
-    SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz
+    SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz,
+           NULL::timestamptz
       FROM lease.release_batch(ids, owner, epochs) WITH ORDINALITY AS r(id, released, ord)
      ORDER BY r.ord;
     IF "limit" > 0 THEN
         RETURN QUERY
-        SELECT NULL::boolean, c.id, c.key, c.payload, c.epoch, c.attempt, c.lease_until
+        SELECT NULL::boolean, c.id, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at
           FROM lease.claim_pending("limit", ttl, owner, release_and_claim.queue) AS c;
     END IF;
 END

@@ -161,6 +161,8 @@ AS $$
 DECLARE
     o  constant text := owner;
     oc constant text := outcome;
+    q  text;
+    st lease.job_state;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
@@ -183,8 +185,10 @@ BEGIN
          USING lease.queue q
          WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached;
-        IF FOUND THEN
+           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
+        RETURNING j.queue INTO q;
+        IF q IS NOT NULL THEN
+            PERFORM lease._count(q, done => 1);
             RETURN true;
         END IF;
     END IF;
@@ -202,8 +206,13 @@ BEGIN
       FROM lease.queue q
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       AND q.name = j.queue;
-    RETURN FOUND;
+       AND q.name = j.queue
+    RETURNING j.queue, j.state INTO q, st;
+    IF st IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM lease._count_moved(q, 'leased', st, 1, oc);
+    RETURN true;
 END
 $$;
 
@@ -235,6 +244,12 @@ DECLARE
     oc constant text := lease.checked_outcome(outcome);
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
+    gone_queues text[];
+    -- Rows the UPDATE ended: their tokens and the states they went to.
+    ended_ids bigint[];
+    ended_epochs bigint[];
+    states lease.job_state[];
+    moved record;
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
@@ -252,11 +267,14 @@ BEGIN
                     OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
                AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-            RETURNING j.id, j.epoch
+            RETURNING j.id, j.epoch, j.queue
         )
-        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}')
-          INTO gone, gone_epochs
+        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}'), array_agg(d.queue)
+          INTO gone, gone_epochs, gone_queues
           FROM deleted d;
+        FOR moved IN SELECT g.queue, count(*) AS n FROM unnest(gone_queues) AS g(queue) GROUP BY g.queue LOOP
+            PERFORM lease._count(moved.queue, done => moved.n);
+        END LOOP;
         IF cardinality(gone) = cardinality(ids) THEN
             -- The common case (all completions accepted): skip the UPDATE.
             RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
@@ -264,7 +282,6 @@ BEGIN
         END IF;
     END IF;
 
-    RETURN QUERY
     WITH updated AS (
         UPDATE lease.job j
            SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
@@ -282,10 +299,18 @@ BEGIN
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
            AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
-        RETURNING j.id, j.epoch
+        RETURNING j.id, j.epoch, j.queue, j.state
     )
+    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.epoch), '{}'), array_agg(u.queue), array_agg(u.state)
+      INTO ended_ids, ended_epochs, gone_queues, states
+      FROM updated u;
+    FOR moved IN SELECT m.queue, m.state, count(*) AS n
+                   FROM unnest(gone_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
+        PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
+    END LOOP;
+    RETURN QUERY
     SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
-                 OR (w.id, w.epoch) IN (SELECT u.id, u.epoch FROM updated u)
+                 OR (w.id, w.epoch) IN (SELECT * FROM unnest(ended_ids, ended_epochs))
       FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
      ORDER BY w.ord;
 END

@@ -65,6 +65,7 @@ GRANT EXECUTE ON FUNCTION
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
     lease.requeue(bigint),
+    lease.recount(),
     lease.reap(integer),
     lease.purge(integer),
     lease.sweep(integer),
@@ -91,10 +92,12 @@ GRANT EXECUTE ON FUNCTION
     -- Read the reaper's shared-memory counters for lease.reaper_stats (a
     -- view's function calls are checked against the reader).
     lease._reaper_slot_shortages(),
-    lease._reaper_last_slot_shortage()
+    lease._reaper_last_slot_shortage(),
+    -- lease.metrics' index probes; reads only.
+    lease._queue_head(text)
 TO lease_admin;
 
-GRANT SELECT ON lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
+GRANT SELECT ON lease.metrics, lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
                 lease.queue, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;
 
@@ -109,6 +112,8 @@ SELECT pg_catalog.pg_extension_config_dump('lease.job_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.named_lease', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
+-- lease.metrics' counters must match the restored rows.
+SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
 
 -- Job ids are half of every fencing token, so a reinstall must never issue
 -- an id the previous install issued. The WAL position only grows in a

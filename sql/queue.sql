@@ -85,6 +85,7 @@ BEGIN
     END IF;
     DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.counter c WHERE c.queue = drop_queue.name;
     DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
     RETURN removed;
 END
@@ -176,6 +177,7 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            PERFORM lease._count(q, enqueued => 1, pending => 1);
             IF coalesce(r, t) <= t THEN
                 PERFORM lease.wake(q, 1);
             END IF;
@@ -229,6 +231,7 @@ DECLARE
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
+    added bigint;
 BEGIN
     IF keys IS NOT NULL AND cardinality(keys) <> n THEN
         RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
@@ -249,6 +252,10 @@ BEGIN
       FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
      ORDER BY u.ord
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    IF added > 0 THEN
+        PERFORM lease._count(q, enqueued => added, pending => added);
+    END IF;
     IF n > 0 AND coalesce(r, t) <= t THEN
         PERFORM lease.wake(q, n);
     END IF;
@@ -275,6 +282,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     result text;
+    q text;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
             -- A cancel written back to the table row: that row first.
@@ -284,11 +292,14 @@ BEGIN
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
      WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
-    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
-      INTO result;
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue
+      INTO result, q;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
     ELSE
+        IF result = 'cancelled' THEN
+            PERFORM lease._count(q, cancelled => 1, pending => -1);
+        END IF;
         -- A cancelled row is purged after dead_retention: work for the reaper.
         PERFORM lease._reaper_touch();
     END IF;
@@ -328,6 +339,8 @@ CREATE FUNCTION lease.requeue(id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    q text;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
@@ -335,11 +348,13 @@ BEGIN
     UPDATE lease.job j
        SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
            cancel_requested = false, owner = NULL, lease_until = NULL
-     WHERE j.id = requeue.id AND j.state = 'dead';
-    IF FOUND THEN
-        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
+     WHERE j.id = requeue.id AND j.state = 'dead'
+    RETURNING j.queue INTO q;
+    IF q IS NULL THEN
+        RETURN false;
     END IF;
-    RETURN FOUND;
+    PERFORM lease._count(q, pending => 1, dead => -1), lease.wake(q, 1);
+    RETURN true;
 END
 $$;
 

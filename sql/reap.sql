@@ -62,6 +62,7 @@ BEGIN
         requeued := r.requeued;
         dead := r.dead;
         cancelled := r.cancelled;
+        PERFORM lease._count(queue, died => dead, cancelled => cancelled, pending => requeued, dead => dead);
         -- Idle workers LISTENing on the channel wake up instead of polling;
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
@@ -100,8 +101,10 @@ AS $$
 DECLARE
     n constant integer := lease.checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
-    removed bigint;
+    removed bigint := 0;
+    r record;
 BEGIN
+    FOR r IN
     WITH old AS MATERIALIZED (
         SELECT j.id
           FROM lease.job j JOIN lease.queue q ON q.name = j.queue
@@ -112,9 +115,18 @@ BEGIN
            AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
          LIMIT n
            FOR UPDATE OF j SKIP LOCKED
+    ), gone AS (
+        DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o))
+        RETURNING j.queue, j.state
     )
-    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
-    GET DIAGNOSTICS removed = ROW_COUNT;
+    SELECT g.queue, count(*) AS n, count(*) FILTER (WHERE g.state = 'dead') AS dead
+      FROM gone g GROUP BY g.queue
+    LOOP
+        removed := removed + r.n;
+        IF r.dead > 0 THEN
+            PERFORM lease._count(r.queue, dead => -r.dead);
+        END IF;
+    END LOOP;
     RETURN removed;
 END
 $$;

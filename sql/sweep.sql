@@ -74,6 +74,12 @@ BEGIN
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
         failures := failures || format('purge: %s: %s', SQLSTATE, problem);
     END;
+    BEGIN
+        PERFORM lease._fold_counters();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('counters: %s: %s', SQLSTATE, problem);
+    END;
     IF cardinality(failures) > 0 THEN
         -- Keep the reason where operators look (reaper_stats and the log).
         problem := array_to_string(failures, '; ');
@@ -105,7 +111,8 @@ COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
     'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: lease.reap(max_rows) then lease.purge(max_rows); returns how many leases
+$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), and the folding
+of lease.metrics' counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
 recorded as last_error, so the pass itself never fails: if reaping fails, each queue is reaped on its own,
 so one queue's rows cannot stop the others. Returns (0, 0) at once while another sweep of this database runs. The pg_lease background worker calls this every

@@ -66,8 +66,8 @@ pub use error::{Error, Result, LEASE_LOST_SQLSTATE};
 pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, Renewal};
 pub use queue::{
     BatchOptions, DeadLetter, EnqueueOptions, Every, ExtensionVersions, Holder, InFlight,
-    JobFilter, JobRecord, QueueOptions, QueueSettings, QueueStats, Reaped, ReaperStats,
-    ScheduleOptions,
+    JobFilter, JobRecord, QueueMetrics, QueueOptions, QueueSettings, QueueStats, Reaped,
+    ReaperStats, ScheduleOptions,
 };
 pub use transaction::FencedTransaction;
 pub use worker::{

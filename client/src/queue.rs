@@ -114,6 +114,44 @@ pub struct QueueStats {
     pub recovered_total: i64,
 }
 
+/// One row of `lease.metrics`: a queue's gauges and totals, read at
+/// O(queues) cost (counters kept by every state change) rather than by
+/// counting rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueMetrics {
+    /// Queue name.
+    pub queue: String,
+    /// Pending rows claimable now.
+    pub ready: i64,
+    /// Pending rows waiting for a later next-eligible time (`run_at`,
+    /// backoff).
+    pub delayed: i64,
+    /// Rows under a lease.
+    pub leased: i64,
+    /// Leases past their end, not yet reaped.
+    pub expired: i64,
+    /// Dead letters.
+    pub dead: i64,
+    /// Age of the oldest ready row, if any.
+    pub oldest_ready_age: Option<Duration>,
+    /// How long the oldest expired lease has waited for the reaper, if any.
+    pub reap_lag: Option<Duration>,
+    /// Rows enqueued since install (idempotent repeats not counted).
+    pub enqueued_total: i64,
+    /// Claims, `reclaim_own` included.
+    pub claimed_total: i64,
+    /// Rows finished as done.
+    pub done_total: i64,
+    /// Releases with outcome `retry` that made the row pending again.
+    pub retried_total: i64,
+    /// Rows that became dead letters.
+    pub dead_total: i64,
+    /// Rows that became cancelled.
+    pub cancelled_total: i64,
+    /// Expired leases recovered by `reap`.
+    pub recovered_total: i64,
+}
+
 /// One row of `lease.in_flight`: a leased row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InFlight {

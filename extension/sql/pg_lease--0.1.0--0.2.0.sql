@@ -76,6 +76,39 @@ CREATE INDEX schedule_due ON lease.schedule (next_at);
 COMMENT ON TABLE lease.schedule IS
     'Periodic enqueues, one row per schedule. Change them with lease.schedule() and lease.unschedule().';
 
+-- lease.metrics' counters (sql/metrics.sql), started from the rows as they
+-- are: the gauges must match them; the totals count from the update on.
+CREATE TABLE lease.counter (
+    queue     text NOT NULL,
+    -- pg_backend_pid() of the writer; 0 for the folded sums.
+    backend   integer NOT NULL,
+    enqueued  bigint NOT NULL DEFAULT 0,
+    claimed   bigint NOT NULL DEFAULT 0,
+    done      bigint NOT NULL DEFAULT 0,
+    retried   bigint NOT NULL DEFAULT 0,
+    died      bigint NOT NULL DEFAULT 0,
+    cancelled bigint NOT NULL DEFAULT 0,
+    -- Deltas of the number of pending and of dead rows.
+    pending   bigint NOT NULL DEFAULT 0,
+    dead      bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, backend)
+)
+-- Room for HOT updates: a counter row is rewritten by every call.
+WITH (fillfactor = 50);
+
+COMMENT ON TABLE lease.counter IS
+    'Per queue and writing backend: totals of state changes and deltas of pending and dead rows. Read them through lease.metrics.';
+
+INSERT INTO lease.counter (queue, backend, pending, dead)
+SELECT j.queue, 0, count(*) FILTER (WHERE j.state = 'pending'), count(*) FILTER (WHERE j.state = 'dead')
+  FROM lease.job j
+ GROUP BY j.queue;
+
+-- Claims say when each row became claimable.
+ALTER TYPE lease.claim ADD ATTRIBUTE eligible_at timestamptz;
+COMMENT ON TYPE lease.claim IS
+    'A row handed out by lease.claim_pending, with its fencing token (id, epoch), the database time its lease ends, and when it became claimable.';
+
 -- What 0.2.0 no longer has --------------------------------------------------
 
 -- The old triggers call the old trigger function; they are recreated below.
@@ -107,6 +140,8 @@ DROP FUNCTION lease.create_queue(text, integer, interval, interval, interval, in
 DROP FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer);
 -- Changes language and body; its signature stays, but dropping is simplest.
 DROP FUNCTION lease.reap(integer);
+-- Gained eligible_at in its result.
+DROP FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text);
 DROP VIEW lease.reaper_stats;
 
 -- Functions and views new or changed in 0.2.0 -----------------------------
@@ -322,6 +357,7 @@ BEGIN
         requeued := r.requeued;
         dead := r.dead;
         cancelled := r.cancelled;
+        PERFORM lease._count(queue, died => dead, cancelled => cancelled, pending => requeued, dead => dead);
         -- Idle workers LISTENing on the channel wake up instead of polling;
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
@@ -360,8 +396,10 @@ AS $$
 DECLARE
     n constant integer := lease.checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
-    removed bigint;
+    removed bigint := 0;
+    r record;
 BEGIN
+    FOR r IN
     WITH old AS MATERIALIZED (
         SELECT j.id
           FROM lease.job j JOIN lease.queue q ON q.name = j.queue
@@ -372,9 +410,18 @@ BEGIN
            AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
          LIMIT n
            FOR UPDATE OF j SKIP LOCKED
+    ), gone AS (
+        DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o))
+        RETURNING j.queue, j.state
     )
-    DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o));
-    GET DIAGNOSTICS removed = ROW_COUNT;
+    SELECT g.queue, count(*) AS n, count(*) FILTER (WHERE g.state = 'dead') AS dead
+      FROM gone g GROUP BY g.queue
+    LOOP
+        removed := removed + r.n;
+        IF r.dead > 0 THEN
+            PERFORM lease._count(r.queue, dead => -r.dead);
+        END IF;
+    END LOOP;
     RETURN removed;
 END
 $$;
@@ -721,6 +768,7 @@ BEGIN
     END IF;
     DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.counter c WHERE c.queue = drop_queue.name;
     DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
     RETURN removed;
 END
@@ -781,6 +829,7 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
+            PERFORM lease._count(q, enqueued => 1, pending => 1);
             IF coalesce(r, t) <= t THEN
                 PERFORM lease.wake(q, 1);
             END IF;
@@ -834,6 +883,7 @@ DECLARE
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
+    added bigint;
 BEGIN
     IF keys IS NOT NULL AND cardinality(keys) <> n THEN
         RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
@@ -854,6 +904,10 @@ BEGIN
       FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
      ORDER BY u.ord
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    IF added > 0 THEN
+        PERFORM lease._count(q, enqueued => added, pending => added);
+    END IF;
     IF n > 0 AND coalesce(r, t) <= t THEN
         PERFORM lease.wake(q, n);
     END IF;
@@ -880,6 +934,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     result text;
+    q text;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
             -- A cancel written back to the table row: that row first.
@@ -889,11 +944,14 @@ BEGIN
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
      WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
-    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END
-      INTO result;
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue
+      INTO result, q;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
     ELSE
+        IF result = 'cancelled' THEN
+            PERFORM lease._count(q, cancelled => 1, pending => -1);
+        END IF;
         -- A cancelled row is purged after dead_retention: work for the reaper.
         PERFORM lease._reaper_touch();
     END IF;
@@ -933,6 +991,8 @@ CREATE OR REPLACE FUNCTION lease.requeue(id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    q text;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
@@ -940,11 +1000,13 @@ BEGIN
     UPDATE lease.job j
        SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
            cancel_requested = false, owner = NULL, lease_until = NULL
-     WHERE j.id = requeue.id AND j.state = 'dead';
-    IF FOUND THEN
-        PERFORM lease.wake((SELECT j.queue FROM lease.job j WHERE j.id = requeue.id), 1);
+     WHERE j.id = requeue.id AND j.state = 'dead'
+    RETURNING j.queue INTO q;
+    IF q IS NULL THEN
+        RETURN false;
     END IF;
-    RETURN FOUND;
+    PERFORM lease._count(q, pending => 1, dead => -1), lease.wake(q, 1);
+    RETURN true;
 END
 $$;
 
@@ -1059,6 +1121,8 @@ AS $$
 DECLARE
     o  constant text := owner;
     oc constant text := outcome;
+    q  text;
+    st lease.job_state;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
@@ -1081,8 +1145,10 @@ BEGIN
          USING lease.queue q
          WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached;
-        IF FOUND THEN
+           AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
+        RETURNING j.queue INTO q;
+        IF q IS NOT NULL THEN
+            PERFORM lease._count(q, done => 1);
             RETURN true;
         END IF;
     END IF;
@@ -1100,8 +1166,13 @@ BEGIN
       FROM lease.queue q
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-       AND q.name = j.queue;
-    RETURN FOUND;
+       AND q.name = j.queue
+    RETURNING j.queue, j.state INTO q, st;
+    IF st IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM lease._count_moved(q, 'leased', st, 1, oc);
+    RETURN true;
 END
 $$;
 
@@ -1133,6 +1204,12 @@ DECLARE
     oc constant text := lease.checked_outcome(outcome);
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
+    gone_queues text[];
+    -- Rows the UPDATE ended: their tokens and the states they went to.
+    ended_ids bigint[];
+    ended_epochs bigint[];
+    states lease.job_state[];
+    moved record;
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
@@ -1150,11 +1227,14 @@ BEGIN
                     OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
                AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-            RETURNING j.id, j.epoch
+            RETURNING j.id, j.epoch, j.queue
         )
-        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}')
-          INTO gone, gone_epochs
+        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}'), array_agg(d.queue)
+          INTO gone, gone_epochs, gone_queues
           FROM deleted d;
+        FOR moved IN SELECT g.queue, count(*) AS n FROM unnest(gone_queues) AS g(queue) GROUP BY g.queue LOOP
+            PERFORM lease._count(moved.queue, done => moved.n);
+        END LOOP;
         IF cardinality(gone) = cardinality(ids) THEN
             -- The common case (all completions accepted): skip the UPDATE.
             RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
@@ -1162,7 +1242,6 @@ BEGIN
         END IF;
     END IF;
 
-    RETURN QUERY
     WITH updated AS (
         UPDATE lease.job j
            SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
@@ -1180,10 +1259,18 @@ BEGIN
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
            AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
-        RETURNING j.id, j.epoch
+        RETURNING j.id, j.epoch, j.queue, j.state
     )
+    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.epoch), '{}'), array_agg(u.queue), array_agg(u.state)
+      INTO ended_ids, ended_epochs, gone_queues, states
+      FROM updated u;
+    FOR moved IN SELECT m.queue, m.state, count(*) AS n
+                   FROM unnest(gone_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
+        PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
+    END LOOP;
+    RETURN QUERY
     SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
-                 OR (w.id, w.epoch) IN (SELECT u.id, u.epoch FROM updated u)
+                 OR (w.id, w.epoch) IN (SELECT * FROM unnest(ended_ids, ended_epochs))
       FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
      ORDER BY w.ord;
 END
@@ -1218,6 +1305,7 @@ DECLARE
     q constant text := queue;
     t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
+    got bigint;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -1259,21 +1347,23 @@ BEGIN
            attempt     = j.attempt + 1,
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
 
-    IF NOT FOUND THEN
+    GET DIAGNOSTICS got = ROW_COUNT;
+    IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease.checked_queue(q);
     ELSE
         -- New leases: the reaper has work here once they may expire.
-        PERFORM lease._reaper_touch();
+        PERFORM lease._reaper_touch(), lease._count(q, claimed => got, pending => -got);
     END IF;
 END
 $$;
 
 COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
 $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
-token (id, epoch), attempt number and lease_until (database clock). One statement; rows are taken
+token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
+the database clock. One statement; rows are taken
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
@@ -1295,6 +1385,7 @@ DECLARE
     o constant text := lease.checked_owner(owner);
     q constant text := lease.checked_queue(queue);
     f constant bigint := lease.epoch_floor();
+    got bigint;
 BEGIN
     PERFORM lease._check_access(q, '{work}');
     -- A process restarted under a stable owner name (a StatefulSet
@@ -1318,8 +1409,12 @@ BEGIN
            attempt     = j.attempt + 1,
            lease_until = clock_timestamp() + d
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until;
+    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
+    GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM lease._reaper_touch();
+    IF got > 0 THEN
+        PERFORM lease._count(q, claimed => got);
+    END IF;
 END
 $$;
 
@@ -1369,6 +1464,8 @@ DECLARE
     k text;
     r bigint;
     rank_sql text;
+    st lease.job_state;
+    n bigint;
 BEGIN
     IF col IS NULL THEN
         RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
@@ -1376,7 +1473,10 @@ BEGIN
                   HINT = 'Only lease.attach creates these triggers; the key column must keep a supported type.';
     END IF;
     IF TG_OP = 'TRUNCATE' THEN
-        DELETE FROM lease.job j WHERE j.queue = q;
+        FOR st, n IN WITH gone AS (DELETE FROM lease.job j WHERE j.queue = q RETURNING j.state)
+                     SELECT g.state, count(*) FROM gone g GROUP BY g.state LOOP
+            PERFORM lease._count_moved(q, st, NULL, n);
+        END LOOP;
         RETURN NULL;
     END IF;
     IF TG_ARGV[1] IN ('start', 'reorder') THEN
@@ -1395,7 +1495,7 @@ BEGIN
         VALUES (q, k, '{}', r, clock_timestamp(), clock_timestamp())
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
         IF FOUND THEN
-            PERFORM lease.wake(q, 1);
+            PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
         END IF;
     ELSIF TG_ARGV[1] = 'reorder' THEN
         UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k;
@@ -1403,7 +1503,9 @@ BEGIN
         -- Stopped matching (the domain moved on, or the row is gone): the
         -- row is no longer claimable and any lease on it ends now.
         EXECUTE format('SELECT ($1).%I::text', col) INTO k USING OLD;
-        DELETE FROM lease.job j WHERE j.queue = q AND j.key = k;
+        DELETE FROM lease.job j WHERE j.queue = q AND j.key = k RETURNING j.state INTO st;
+        -- A leased row that stops matching is its job's completion.
+        PERFORM lease._count_moved(q, st, NULL, 1, 'done');
     END IF;
     RETURN NULL;
 END
@@ -1603,6 +1705,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 -- ON CONFLICT (queue, key) names columns.
 #variable_conflict use_column
+DECLARE
+    added bigint;
 BEGIN
     -- Callable by any lease_admin, so it checks for itself what lease.attach
     -- established: the calling role owns the table.
@@ -1632,6 +1736,10 @@ BEGIN
     SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
       FROM unnest(existing, ranks) AS u(k, r)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    IF added > 0 THEN
+        PERFORM lease._count(_attach_register.queue, enqueued => added, pending => added);
+    END IF;
     IF cardinality(existing) > 0 THEN
         PERFORM lease.wake(_attach_register.queue, cardinality(existing));
     END IF;
@@ -1706,6 +1814,7 @@ DECLARE
 BEGIN
     DELETE FROM lease.job j WHERE j.queue = _drop_attached_queue.queue;
     GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.counter c WHERE c.queue = _drop_attached_queue.queue;
     DELETE FROM lease.queue q WHERE q.name = _drop_attached_queue.queue;
     RETURN removed;
 END
@@ -2120,6 +2229,12 @@ BEGIN
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
         failures := failures || format('purge: %s: %s', SQLSTATE, problem);
     END;
+    BEGIN
+        PERFORM lease._fold_counters();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('counters: %s: %s', SQLSTATE, problem);
+    END;
     IF cardinality(failures) > 0 THEN
         -- Keep the reason where operators look (reaper_stats and the log).
         problem := array_to_string(failures, '; ');
@@ -2151,7 +2266,8 @@ COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
     'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: lease.reap(max_rows) then lease.purge(max_rows); returns how many leases
+$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), and the folding
+of lease.metrics' counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
 recorded as last_error, so the pass itself never fails: if reaping fails, each queue is reaped on its own,
 so one queue's rows cannot stop the others. Returns (0, 0) at once while another sweep of this database runs. The pg_lease background worker calls this every
@@ -2194,6 +2310,251 @@ have work for it (claims and cancels call it); does nothing where pg_lease is no
 COMMENT ON TYPE lease.renewal IS
     'Result of lease.renew: held = false means the lease is lost (expired, taken over or released) and nothing changed; NULL (renew_batch only) that the row was locked by another transaction and not extended this time.';
 
+CREATE OR REPLACE FUNCTION lease.release_and_claim(
+    ids     bigint[],
+    owner   text,
+    epochs  bigint[],
+    "limit" integer,
+    ttl     interval,
+    queue   text DEFAULT 'default'
+) RETURNS TABLE (released boolean, id bigint, key text, payload jsonb, epoch bigint, attempt integer,
+                 lease_until timestamptz, eligible_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- A worker whose handlers finished records them done and fills the
+    -- freed slots in one statement and one commit, instead of two.
+    IF "limit" IS NULL OR "limit" < 0 THEN
+        PERFORM lease.checked_limit("limit");
+    END IF;
+    RETURN QUERY
+    SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz,
+           NULL::timestamptz
+      FROM lease.release_batch(ids, owner, epochs) WITH ORDINALITY AS r(id, released, ord)
+     ORDER BY r.ord;
+    IF "limit" > 0 THEN
+        RETURN QUERY
+        SELECT NULL::boolean, c.id, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at
+          FROM lease.claim_pending("limit", ttl, owner, release_and_claim.queue) AS c;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text) IS
+$$lease.release_batch(IDS, OWNER, EPOCHS) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
+OWNER, QUEUE), in one statement: first one row per element of IDS, in order, with RELEASED set and the
+claim columns NULL; then one row per claimed row (of QUEUE), with RELEASED NULL. LIMIT 0 only releases.
+Errors: those of the two functions.$$;
+
+
+CREATE OR REPLACE FUNCTION lease._count(
+    queue     text,
+    enqueued  bigint DEFAULT 0,
+    claimed   bigint DEFAULT 0,
+    done      bigint DEFAULT 0,
+    retried   bigint DEFAULT 0,
+    died      bigint DEFAULT 0,
+    cancelled bigint DEFAULT 0,
+    pending   bigint DEFAULT 0,
+    dead      bigint DEFAULT 0
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)
+    VALUES (_count.queue, pg_backend_pid(), _count.enqueued, _count.claimed, _count.done, _count.retried,
+            _count.died, _count.cancelled, _count.pending, _count.dead)
+        ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE
+       SET enqueued  = c.enqueued + excluded.enqueued,
+           claimed   = c.claimed + excluded.claimed,
+           done      = c.done + excluded.done,
+           retried   = c.retried + excluded.retried,
+           died      = c.died + excluded.died,
+           cancelled = c.cancelled + excluded.cancelled,
+           pending   = c.pending + excluded.pending,
+           dead      = c.dead + excluded.dead;
+END
+$$;
+
+COMMENT ON FUNCTION lease._count(text, bigint, bigint, bigint, bigint, bigint, bigint, bigint, bigint) IS
+    'Internal: adds one call''s state changes in QUEUE to this backend''s counter row (see lease.metrics).';
+
+CREATE OR REPLACE FUNCTION lease._count_moved(queue text, from_state lease.job_state, to_state lease.job_state, n bigint,
+                                   outcome text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF n = 0 OR from_state IS NOT DISTINCT FROM to_state THEN
+        RETURN;
+    END IF;
+    PERFORM lease._count(
+        queue,
+        enqueued  => CASE WHEN from_state IS NULL AND to_state = 'pending' THEN n ELSE 0 END,
+        claimed   => CASE WHEN to_state = 'leased' THEN n ELSE 0 END,
+        done      => CASE WHEN to_state = 'done' OR (to_state IS NULL AND from_state = 'leased' AND outcome = 'done')
+                          THEN n ELSE 0 END,
+        retried   => CASE WHEN from_state = 'leased' AND to_state = 'pending' AND outcome = 'retry' THEN n ELSE 0 END,
+        died      => CASE WHEN to_state = 'dead' THEN n ELSE 0 END,
+        cancelled => CASE WHEN to_state = 'cancelled' THEN n ELSE 0 END,
+        pending   => (CASE WHEN to_state = 'pending' THEN n ELSE 0 END) - (CASE WHEN from_state = 'pending' THEN n ELSE 0 END),
+        dead      => (CASE WHEN to_state = 'dead' THEN n ELSE 0 END) - (CASE WHEN from_state = 'dead' THEN n ELSE 0 END));
+END
+$$;
+
+COMMENT ON FUNCTION lease._count_moved(text, lease.job_state, lease.job_state, bigint, text) IS
+$$Internal: counts N rows of QUEUE that went from FROM_STATE to TO_STATE (NULL: inserted, or deleted);
+OUTCOME 'retry' counts a return to pending as a retry, OUTCOME 'done' a leased row deleted as done.$$;
+
+CREATE OR REPLACE FUNCTION lease._fold_counters() RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    folded bigint;
+BEGIN
+    -- Rows a backend's open transaction holds are left for the next sweep.
+    WITH gone AS (
+        DELETE FROM lease.counter c
+         WHERE (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k
+                                         WHERE k.backend <> 0 FOR UPDATE SKIP LOCKED)
+        RETURNING c.*
+    ), sums AS (
+        INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)
+        SELECT g.queue, 0, sum(g.enqueued), sum(g.claimed), sum(g.done), sum(g.retried), sum(g.died),
+               sum(g.cancelled), sum(g.pending), sum(g.dead)
+          FROM gone g
+         GROUP BY g.queue
+            ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE
+           SET enqueued  = c.enqueued + excluded.enqueued,
+               claimed   = c.claimed + excluded.claimed,
+               done      = c.done + excluded.done,
+               retried   = c.retried + excluded.retried,
+               died      = c.died + excluded.died,
+               cancelled = c.cancelled + excluded.cancelled,
+               pending   = c.pending + excluded.pending,
+               dead      = c.dead + excluded.dead
+    )
+    SELECT count(*) INTO folded FROM gone;
+    RETURN folded;
+END
+$$;
+
+COMMENT ON FUNCTION lease._fold_counters() IS
+    'Internal: adds the counter rows of every backend into the folded row of their queue (lease.sweep calls it); returns how many rows were folded.';
+
+CREATE OR REPLACE FUNCTION lease.recount() RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    fixed bigint;
+BEGIN
+    -- The gauges as the rows say, against the counters; a queue lock keeps
+    -- writers out while both are read.
+    LOCK TABLE lease.job IN SHARE MODE;
+    WITH actual AS (
+        SELECT q.name AS queue,
+               count(j.id) FILTER (WHERE j.state = 'pending') AS pending,
+               count(j.id) FILTER (WHERE j.state = 'dead')    AS dead
+          FROM lease.queue q LEFT JOIN lease.job j ON j.queue = q.name
+         GROUP BY q.name
+    ), counted AS (
+        SELECT c.queue, sum(c.pending) AS pending, sum(c.dead) AS dead
+          FROM lease.counter c GROUP BY c.queue
+    ), off AS (
+        SELECT a.queue, a.pending - coalesce(k.pending, 0) AS pending, a.dead - coalesce(k.dead, 0) AS dead
+          FROM actual a LEFT JOIN counted k ON k.queue = a.queue
+         WHERE a.pending <> coalesce(k.pending, 0) OR a.dead <> coalesce(k.dead, 0)
+    ), fixes AS (
+        INSERT INTO lease.counter AS c (queue, backend, pending, dead)
+        SELECT o.queue, 0, o.pending, o.dead FROM off o
+            ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE
+           SET pending = c.pending + excluded.pending,
+               dead    = c.dead + excluded.dead
+    )
+    SELECT count(*) INTO fixed FROM off;
+    RETURN fixed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.recount() IS
+$$Admin: recounts the pending and dead rows of every queue (O(rows), locks out writers of lease.job
+while it runs) and corrects lease.metrics' gauges where they differ; returns how many queues needed it.
+Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
+
+CREATE OR REPLACE FUNCTION lease._queue_head(queue text, OUT delayed bigint, OUT oldest_ready timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t constant timestamptz := clock_timestamp();
+    p integer;
+    first timestamptz;
+BEGIN
+    delayed := 0;
+    p := (SELECT max(j.priority) FROM lease.job j WHERE j.queue = _queue_head.queue AND j.state = 'pending');
+    WHILE p IS NOT NULL LOOP
+        SELECT j.next_at INTO first
+          FROM lease.job j
+         WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority = p
+         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+         LIMIT 1;
+        IF first <= t THEN
+            oldest_ready := least(oldest_ready, first);
+        END IF;
+        delayed := delayed + (SELECT count(*) FROM lease.job j
+                               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority = p
+                                 AND j.rank = 0 AND j.next_at > t);
+        p := (SELECT max(j.priority) FROM lease.job j
+               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority < p);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._queue_head(text) IS
+$$Internal: for lease.metrics, how many pending rows of QUEUE wait for a later next_at, and the earliest
+next_at among ready rows at the head of each priority; one index probe per distinct priority.$$;
+
+CREATE OR REPLACE VIEW lease.metrics AS
+SELECT q.name AS queue,
+       greatest(coalesce(c.pending, 0) - h.delayed, 0) AS ready,
+       h.delayed,
+       coalesce(l.leased, 0)  AS leased,
+       coalesce(l.expired, 0) AS expired,
+       coalesce(c.dead, 0)    AS dead,
+       clock_timestamp() - h.oldest_ready AS oldest_ready_age,
+       clock_timestamp() - l.oldest_expiry AS reap_lag,
+       coalesce(c.enqueued, 0)  AS enqueued_total,
+       coalesce(c.claimed, 0)   AS claimed_total,
+       coalesce(c.done, 0)      AS done_total,
+       coalesce(c.retried, 0)   AS retried_total,
+       coalesce(c.died, 0)      AS dead_total,
+       coalesce(c.cancelled, 0) AS cancelled_total,
+       q.recovered_total
+  FROM lease.queue q
+  -- sum(bigint) is numeric; the counts stay bigint.
+  LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
+                    sum(k.done)::bigint AS done, sum(k.retried)::bigint AS retried, sum(k.died)::bigint AS died,
+                    sum(k.cancelled)::bigint AS cancelled, sum(k.pending)::bigint AS pending,
+                    sum(k.dead)::bigint AS dead
+               FROM lease.counter k GROUP BY k.queue) c ON c.queue = q.name
+  LEFT JOIN (SELECT j.queue, count(*) AS leased,
+                    count(*) FILTER (WHERE j.lease_until <= clock_timestamp()) AS expired,
+                    min(j.lease_until) FILTER (WHERE j.lease_until <= clock_timestamp()) AS oldest_expiry
+               FROM lease.job j WHERE j.state = 'leased' GROUP BY j.queue) l ON l.queue = q.name
+  CROSS JOIN LATERAL lease._queue_head(q.name) h;
+
+COMMENT ON VIEW lease.metrics IS
+$$Per queue, at O(queues + leases in flight + distinct priorities) cost: ready rows (pending, next_at
+reached), delayed rows (pending, next_at later), leased rows and those past expiry not yet reaped, dead
+letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
+(reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
+recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;
+
 -- The attached tables' triggers, for the new trigger function -----------------
 
 DO $$
@@ -2230,6 +2591,7 @@ REVOKE SELECT ON lease.attachment FROM lease_worker;
 
 GRANT EXECUTE ON FUNCTION
     lease.enqueue(text, jsonb, text, timestamptz, integer, text),
+    lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.release_named(text[], text, bigint[]),
     lease.cancel_key(text, text)
 TO lease_worker;
@@ -2239,6 +2601,7 @@ GRANT EXECUTE ON FUNCTION
     lease.revoke(text, regrole),
     lease.create_queue(text, integer, interval, interval, interval, interval, text),
     lease.requeue(bigint),
+    lease.recount(),
     lease.reap(integer),
     lease.schedule(text, text, text, interval, jsonb, integer, text),
     lease.unschedule(text),
@@ -2252,10 +2615,11 @@ GRANT EXECUTE ON FUNCTION
     lease._attached_row_changed(),
     lease._qualified_predicate(oid, oid, text),
     lease._reaper_slot_shortages(),
-    lease._reaper_last_slot_shortage()
+    lease._reaper_last_slot_shortage(),
+    lease._queue_head(text)
 TO lease_admin;
 
-GRANT SELECT ON lease.reaper_stats, lease.queue_grant, lease.attachment, lease.schedule TO lease_admin;
+GRANT SELECT ON lease.metrics, lease.reaper_stats, lease.queue_grant, lease.attachment, lease.schedule TO lease_admin;
 
 SELECT pg_catalog.pg_extension_config_dump('lease.queue', $$WHERE name <> 'default'$$);
 SELECT pg_catalog.pg_extension_config_dump('lease.queue_grant', '');
@@ -2264,5 +2628,6 @@ SELECT pg_catalog.pg_extension_config_dump('lease.job_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.named_lease', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
 
 SELECT lease._reaper_discover();

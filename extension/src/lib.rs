@@ -57,12 +57,18 @@ pgrx::extension_sql_file!(
 );
 pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
 pgrx::extension_sql_file!(
+    "../../sql/metrics.sql",
+    name = "metrics",
+    requires = ["schema"]
+);
+pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
     requires = [
         "reap",
         "attach",
         "schedule",
+        "metrics",
         shared::reaper_slot_shortages,
         shared::reaper_last_slot_shortage
     ]

@@ -9,8 +9,8 @@ use super::Client;
 use crate::error::Result;
 use crate::lease::JobState;
 use crate::queue::{
-    DeadLetter, ExtensionVersions, Holder, InFlight, JobFilter, JobRecord, QueueSettings,
-    QueueStats, Reaped, ReaperStats,
+    DeadLetter, ExtensionVersions, Holder, InFlight, JobFilter, JobRecord, QueueMetrics,
+    QueueSettings, QueueStats, Reaped, ReaperStats,
 };
 
 impl Client {
@@ -63,6 +63,37 @@ impl Client {
                         cancelled: col(r, 7)?,
                         oldest_ready_age: col::<Option<i64>>(r, 8)?.map(from_micros),
                         recovered_total: col(r, 9)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// `lease.metrics`, one entry per queue: gauges and monotonic totals at
+    /// a cost that does not grow with the number of rows (cheap enough to
+    /// poll from a metrics exporter). Needs `lease_admin`.
+    pub async fn metrics(&self) -> Result<Vec<QueueMetrics>> {
+        self.call(|c| async move {
+            let rows = c.query(Query::Metrics, &[]).await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(QueueMetrics {
+                        queue: col(r, 0)?,
+                        ready: col(r, 1)?,
+                        delayed: col(r, 2)?,
+                        leased: col(r, 3)?,
+                        expired: col(r, 4)?,
+                        dead: col(r, 5)?,
+                        oldest_ready_age: col::<Option<i64>>(r, 6)?.map(from_micros),
+                        reap_lag: col::<Option<i64>>(r, 7)?.map(from_micros),
+                        enqueued_total: col(r, 8)?,
+                        claimed_total: col(r, 9)?,
+                        done_total: col(r, 10)?,
+                        retried_total: col(r, 11)?,
+                        dead_total: col(r, 12)?,
+                        cancelled_total: col(r, 13)?,
+                        recovered_total: col(r, 14)?,
                     })
                 })
                 .collect()

@@ -27,6 +27,7 @@ pub(super) enum Query {
     Reap,
     Purge,
     QueueStats,
+    Metrics,
     InFlight,
     Holders,
     CancelKey,
@@ -103,13 +104,13 @@ impl Query {
                 ", priority => $5::int) WITH ORDINALITY AS e(id, ord) ORDER BY e.ord"
             ),
             S::Claim => concat!(
-                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until ",
+                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at ",
                 "FROM lease.claim_pending(\"limit\" => $1::int, ttl => ",
                 micros!("2"),
                 ", owner => $3::text, queue => $4::text) AS c"
             ),
             S::Reclaim => concat!(
-                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until ",
+                "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at ",
                 "FROM lease.reclaim_own(\"limit\" => $1::int, ttl => ",
                 micros!("2"),
                 ", owner => $3::text, queue => $4::text) AS c"
@@ -139,12 +140,12 @@ impl Query {
                 ", error => $6::text) WITH ORDINALITY AS r(id, released, ord) ORDER BY r.ord"
             ),
             S::ReleaseAndClaim => concat!(
-                "SELECT r.released, r.id, $6::text, r.key, r.payload, r.epoch, r.attempt, r.lease_until ",
+                "SELECT r.released, r.id, $6::text, r.key, r.payload, r.epoch, r.attempt, r.lease_until, r.eligible_at ",
                 "FROM lease.release_and_claim(ids => $1::bigint[], owner => $2::text, epochs => $3::bigint[], ",
                 "\"limit\" => $4::int, ttl => ",
                 micros!("5"),
                 ", queue => $6::text) ",
-                "WITH ORDINALITY AS r(released, id, key, payload, epoch, attempt, lease_until, ord) ",
+                "WITH ORDINALITY AS r(released, id, key, payload, epoch, attempt, lease_until, eligible_at, ord) ",
                 "ORDER BY r.ord"
             ),
             S::FencedUpdate => {
@@ -185,6 +186,14 @@ impl Query {
                 "SELECT queue, pending, ready, leased, expired, done, dead, cancelled, ",
                 as_micros!("oldest_ready_age"),
                 ", recovered_total FROM lease.queue_stats ORDER BY queue"
+            ),
+            S::Metrics => concat!(
+                "SELECT queue, ready, delayed, leased, expired, dead, ",
+                as_micros!("oldest_ready_age"),
+                ", ",
+                as_micros!("reap_lag"),
+                ", enqueued_total, claimed_total, done_total, retried_total, dead_total, ",
+                "cancelled_total, recovered_total FROM lease.metrics ORDER BY queue"
             ),
             S::InFlight => concat!(
                 "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
