@@ -6,20 +6,21 @@
 //! hand-written seed SQL vs a primary-key UPDATE ceiling), enqueue, renew
 //! and its HOT share, the Rust client, its `Worker` (beside the
 //! hand-written SQL on the same rows), claim latency vs
-//! backlog, a pinned xmin, sustained churn, and a concurrency sweep. Prints
+//! backlog, the cost of a metrics poll, a pinned xmin, sustained churn, and a concurrency sweep. Prints
 //! a Markdown report and writes it, with a plot, to `benches/results/`
 //! (`benches/results/smoke/` with `--smoke`).
 //!
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, enqueue, renew, client, worker, latency, pinned, churn, sweep
+//! sections: claim, enqueue, renew, client, worker, latency, metrics, pinned, churn, sweep
 //! ```
 //!
 //! The extension must be installed into the PostgreSQL 15 that
 //! `pg_tests::pg_bin_dir()` points at (`bin/bench` does that first).
 
 mod cpu;
+mod metrics;
 mod pgbench;
 mod report;
 mod scenarios;
@@ -36,7 +37,8 @@ use crate::report::Results;
 use crate::scenarios::{connect, Bench, Res, Size};
 
 const SECTIONS: &[&str] = &[
-    "claim", "enqueue", "renew", "client", "worker", "latency", "pinned", "churn", "sweep",
+    "claim", "enqueue", "renew", "client", "worker", "latency", "metrics", "pinned", "churn",
+    "sweep",
 ];
 
 struct Args {
@@ -183,6 +185,7 @@ fn run() -> Res<()> {
                 "client" => bench.client(&mut results).await?,
                 "worker" => bench.worker(&mut results).await?,
                 "latency" => bench.latency(&mut results).await?,
+                "metrics" => bench.metrics(&mut results).await?,
                 "pinned" => bench.pinned(&mut results).await?,
                 "churn" => bench.churn(&mut results).await?,
                 "sweep" => bench.sweep(&mut results).await?,

@@ -160,7 +160,7 @@ pub struct Bench {
 }
 
 impl Bench {
-    async fn exec(&self, sql: &str) -> Res<()> {
+    pub(crate) async fn exec(&self, sql: &str) -> Res<()> {
         self.admin
             .batch_execute(sql)
             .await
@@ -182,7 +182,7 @@ impl Bench {
     }
 
     /// Enqueues `n` rows into queue `q` through `lease.enqueue_batch`.
-    async fn fill_lease(&self, n: u64) -> Res<()> {
+    pub(crate) async fn fill_lease(&self, n: u64) -> Res<()> {
         let mut left = n;
         while left > 0 {
             let chunk = left.min(50_000) as i32;
