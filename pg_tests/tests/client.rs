@@ -549,8 +549,8 @@ async fn work_lasting_three_ttls_keeps_its_lease() {
 /// behind: with a 60 s ttl and no reaper, the worker claims each row again
 /// within seconds, at a new epoch, and the error is kept in `last_error`.
 ///
-/// Broken on purpose: with the releaser dropping `retry` outcomes (and the
-/// drop guard disarmed), the failed and panicked rows stayed leased until
+/// Broken on purpose: with `retry` outcomes dropped unrecorded (and the drop
+/// guard disarmed), the failed and panicked rows stayed leased until
 /// the ttl and this test failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_return_error_and_panic_leave_no_claim_behind() {

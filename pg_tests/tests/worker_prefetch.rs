@@ -17,8 +17,8 @@ use pg_tests::{eventually, scalar, Cluster, TEST_DB};
 /// claimed ahead); prefetched rows are held renewed past their ttl; on
 /// shutdown the waiting rows are pending again at once, attempt given back.
 ///
-/// Broken on purpose: with the dispatcher's slots sized `concurrency + 100`,
-/// 7 handlers ran at once and this test failed.
+/// Broken on purpose: with the slots sized `concurrency + 100` (before the
+/// actor, in the dispatcher), 7 handlers ran at once and this test failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefetched_rows_wait_for_slots_and_go_back_on_shutdown() {
     let cluster = Cluster::start();
@@ -106,4 +106,53 @@ async fn prefetched_rows_wait_for_slots_and_go_back_on_shutdown() {
         "{given_back} rows back untouched; {summary:?}"
     );
     assert_eq!(scalar::<i64>(&pg, leased).await, 0);
+}
+
+/// Two Workers with prefetch drain 4,000 no-op rows side by side without
+/// giving any row back: a claim and a release batch in flight at once
+/// never hold more than `concurrency + prefetch` leases between them, so no
+/// claimed row is over the budget. The poll interval is a minute, so a row
+/// given back (pending again, nobody told) would stall the drain.
+///
+/// Failed with the first version of the actor's accounting, which counted
+/// a release batch's done leases beside the refill that replaces them: a
+/// claim that returned meanwhile overflowed the budget and abandoned rows
+/// (seen in `bin/bench --only worker` as a 2 s stall of the 2 × 8 drain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_prefetching_workers_drain_without_giving_rows_back() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('q');
+         SELECT count(*) FROM lease.enqueue_batch('q', array_fill('{}'::jsonb, ARRAY[4000]));",
+    )
+    .await
+    .expect("rows");
+    let mut runs = Vec::new();
+    for owner in ["a", "b"] {
+        let mut config = WorkerConfig::new("q");
+        config.owner = owner.into();
+        config.concurrency = 4;
+        config.prefetch = 60;
+        config.listen = false;
+        config.poll_interval = Duration::from_secs(60);
+        let client = Client::connect(&cluster.conn_string(TEST_DB))
+            .await
+            .expect("connect");
+        let worker = Worker::new(client, config, |_job| async { Ok(Outcome::Done) });
+        runs.push(pg_tests::workers::spawn(worker));
+    }
+    eventually(
+        &pg,
+        "SELECT count(*) = 0 FROM lease.job WHERE queue = 'q'",
+        Duration::from_secs(30),
+    )
+    .await;
+    let mut done = 0;
+    for (shutdown, handle) in runs {
+        let summary = pg_tests::workers::stop(shutdown, handle).await;
+        assert_eq!(summary.abandoned, 0, "{summary:?}");
+        done += summary.done;
+    }
+    assert_eq!(done, 4000);
 }

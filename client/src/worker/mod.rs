@@ -1,13 +1,17 @@
 //! [`Worker`]: a runtime that claims rows of one queue, runs a handler on
 //! each under a heartbeat, and records every outcome with its fencing epoch.
 //!
-//! One file per part: `config` (settings), `job` (what a handler gets), `claim` (claim loop,
-//! dispatcher, supervision), `heartbeat`, `release` (recording outcomes), `listen` (wake-ups).
+//! One file per part: `config` (settings), `job` (what a handler gets), `actor` (the loop
+//! that owns the leases: claims, slots, records), `held` (one lease until its outcome is
+//! recorded), `handler` (one handler's run), `release` (recording a batch), `heartbeat`,
+//! `listen` (wake-ups), `counters` (summary and metrics).
 
-mod claim;
+mod actor;
 mod config;
 mod counters;
+mod handler;
 mod heartbeat;
+mod held;
 mod job;
 mod listen;
 mod release;
@@ -17,8 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -29,11 +32,10 @@ use crate::client::Client;
 use crate::error::Result;
 use crate::lease::Outcome;
 use crate::transaction::Pool;
-use claim::{claim_loop, dispatcher};
+use actor::actor;
 use counters::Counters;
 use heartbeat::renewer;
 use listen::listener;
-use release::{releaser, Refill};
 
 /// The channel `lease.enqueue`, `lease.enqueue_batch` and `lease.reap`
 /// notify, with the queue name as payload, when rows become claimable.
@@ -134,7 +136,9 @@ impl Worker {
     ///
     /// `client` should come from [`Client::connect`] or
     /// [`Client::with_connector`]: the worker then opens a separate
-    /// connection for heartbeats and one for `LISTEN`, and reconnects after
+    /// connection for heartbeats, one for `LISTEN` and one for its second
+    /// release batch in flight (claims and the first go over `client`'s
+    /// own), plus the handlers' [`Job::transaction`] pool, and reconnects after
     /// connection loss.
     pub fn new<F, Fut>(client: Client, config: WorkerConfig, handler: F) -> Worker
     where
@@ -190,57 +194,15 @@ impl Worker {
             wake: Notify::new(),
             hard_stop: CancellationToken::new(),
         });
-        let free = Arc::new(Semaphore::new(ctx.config.concurrency + ctx.config.prefetch));
-        let (releases, released) = mpsc::unbounded_channel();
+        // Heartbeats and wake-ups run until every lease is recorded.
         let background = CancellationToken::new();
-
-        let (ready, waiting) = mpsc::unbounded_channel();
-        // Ends with the claims (shutdown, or a claim that fails for good):
-        // the dispatcher then gives back the rows that wait, and the
-        // releaser stops taking leases up again.
-        let dispatching = shutdown.child_token();
-        let releaser = {
-            let ctx = Arc::clone(&ctx);
-            let background = background.clone();
-            let refill = Refill {
-                ready: ready.clone(),
-                stopping: dispatching.clone(),
-            };
-            async move {
-                releaser(&ctx, released, &refill).await;
-                background.cancel();
-            }
+        let main = async {
+            let result = actor(&ctx, &shutdown).await;
+            background.cancel();
+            result
         };
-        let main = {
-            let ctx = Arc::clone(&ctx);
-            async move {
-                let mut jobs = JoinSet::new();
-                let claims = async {
-                    let result = claim_loop(&ctx, &shutdown, ready, &releases, &free).await;
-                    dispatching.cancel();
-                    result
-                };
-                let (result, ()) = tokio::join!(
-                    claims,
-                    dispatcher(&ctx, &dispatching, waiting, &mut jobs, &releases)
-                );
-                let grace = tokio::time::sleep(ctx.config.grace_period);
-                tokio::pin!(grace);
-                loop {
-                    tokio::select! {
-                        next = jobs.join_next() => if next.is_none() { break },
-                        () = &mut grace, if !ctx.hard_stop.is_cancelled() => ctx.hard_stop.cancel(),
-                    }
-                }
-                // Every job task has handed its lease to the releaser (or
-                // released it on drop); the releaser ends once it is done.
-                drop(releases);
-                result
-            }
-        };
-        let (result, (), (), ()) = tokio::join!(
+        let (result, (), ()) = tokio::join!(
             main,
-            releaser,
             renewer(&ctx, &background),
             listener(&ctx, &background)
         );
@@ -250,7 +212,8 @@ impl Worker {
     }
 }
 
-/// State shared by the worker's loops and its job tasks.
+/// State shared by the actor, the heartbeat, the listener and the job
+/// tasks.
 struct Ctx {
     client: Client,
     /// Connections for the handlers' [`Job::transaction`]s.

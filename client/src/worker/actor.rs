@@ -1,0 +1,367 @@
+//! The worker's actor: one loop that owns every lease the worker holds.
+//!
+//! Each lease is in exactly one place: waiting for a slot, with a running
+//! handler, finished and waiting to be recorded, or inside a database call
+//! in flight. The loop claims while the worker may hold more leases
+//! (`concurrency + prefetch`), starts waiting rows in claim order as slots
+//! free up, and records finished jobs, taking the done ones' leases up
+//! again in the same statement (`release_and_claim`). Heartbeats and
+//! `LISTEN` run beside it on their own connections.
+//!
+//! Calls in flight: at most one claim, and up to [`RECORD_LANES`] release
+//! batches (each with its refill), each lane on a connection of its own so
+//! that the server runs them side by side (on one connection they would
+//! run one after the other). Throughput comes from batching as wide as the
+//! leases allow: what finishes while one batch is in flight goes out in
+//! the next.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::handler::run_job;
+use super::held::{register, Held, Ready};
+use super::release::{record, Recorded};
+use super::{Ctx, MAX_BATCH};
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::lease::{Claimed, Outcome};
+use crate::timing::Backoff;
+
+/// What a claim came to.
+struct ClaimDone {
+    rows: Result<Vec<Claimed>>,
+    asked: usize,
+    reclaim: bool,
+}
+
+/// Release batches in flight at once, each on its own connection.
+const RECORD_LANES: usize = 2;
+
+/// What recording a batch came to.
+struct RecordDone {
+    lane: usize,
+    recorded: Recorded,
+    /// Leases counted as held while the call runs: the batch's, except
+    /// the done ones a refill replaces in the same statement, and the rows
+    /// the refill asked for.
+    counted: usize,
+}
+
+/// A lane: its one call in flight, if any.
+type Lane<'a, T> = Option<Pin<Box<dyn Future<Output = T> + Send + 'a>>>;
+
+/// The leases, by where they are.
+struct Leases {
+    waiting: VecDeque<Ready>,
+    running: JoinSet<Held>,
+    finished: Vec<Held>,
+    /// Leases in a release batch in flight, and rows asked for by calls in
+    /// flight.
+    in_flight: usize,
+}
+
+impl Leases {
+    fn held(&self) -> usize {
+        self.waiting.len() + self.running.len() + self.finished.len() + self.in_flight
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held() == 0
+    }
+}
+
+/// The claim side's state.
+struct Claims {
+    /// False once shutdown fired or a claim failed for good.
+    open: bool,
+    /// The first claim takes back this owner's rows from an earlier run,
+    /// and only the first: every later reclaim would re-issue rows this
+    /// process is running (they are this owner's too).
+    reclaiming: bool,
+    /// The last claim found fewer rows than it asked for: wait for a
+    /// wake-up or for `not_before` (the poll interval).
+    idle: bool,
+    not_before: Instant,
+    backoff: Backoff,
+}
+
+/// Runs until `shutdown` fires (or a claim fails for good), then lets the
+/// running handlers finish within the grace period and returns once every
+/// lease is recorded: the error of that failed claim, if any.
+pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Result<()> {
+    let cfg = &ctx.config;
+    let budget = cfg.concurrency + cfg.prefetch;
+    let mut leases = Leases {
+        waiting: VecDeque::new(),
+        running: JoinSet::new(),
+        finished: Vec::new(),
+        in_flight: 0,
+    };
+    let mut claims = Claims {
+        open: true,
+        reclaiming: cfg.reclaim_own,
+        idle: false,
+        not_before: Instant::now(),
+        backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
+    };
+    let mut record_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut record_not_before = Instant::now();
+    let mut claiming: Lane<'_, ClaimDone> = None;
+    let lanes: Vec<Client> = (0..RECORD_LANES)
+        .map(|lane| match lane {
+            0 => ctx.client.clone(),
+            _ => ctx.client.separate(None),
+        })
+        .collect();
+    let mut idle_lanes: Vec<usize> = (0..RECORD_LANES).rev().collect();
+    let mut recording = FuturesUnordered::new();
+    let mut grace = None;
+    let mut failure: Option<Error> = None;
+    loop {
+        // Slots first: waiting rows start in claim order.
+        while leases.running.len() < cfg.concurrency {
+            let Some(next) = leases.waiting.pop_front() else {
+                break;
+            };
+            if next.job.is_cancelled() {
+                // Lost or cancelled while it waited: nothing to run.
+                leases.finished.push(next.held);
+            } else {
+                leases.running.spawn(run_job(Arc::clone(ctx), next));
+            }
+        }
+        let now = Instant::now();
+        if !leases.finished.is_empty() && record_not_before <= now {
+            if let Some(lane) = idle_lanes.pop() {
+                let batch = std::mem::take(&mut leases.finished);
+                // The done leases and the refill change hands in one
+                // commit, so only the refill counts for them; the other
+                // outcomes hold their leases until they are recorded.
+                // (Counting both made claims that returned meanwhile
+                // overflow the budget and give rows back, which then
+                // waited for the poll.)
+                let kept = batch.iter().filter(|h| h.outcome != Outcome::Done).count();
+                let refill = if claims.open {
+                    budget.saturating_sub(leases.held() + kept).min(MAX_BATCH)
+                } else {
+                    0
+                };
+                let counted = if refill > 0 {
+                    kept + refill
+                } else {
+                    batch.len()
+                };
+                leases.in_flight += counted;
+                let client = &lanes[lane];
+                recording.push(async move {
+                    let recorded = record(ctx, client, batch, refill).await;
+                    RecordDone {
+                        lane,
+                        recorded,
+                        counted,
+                    }
+                });
+            }
+        }
+        if claiming.is_none() && claims.open && !claims.idle && claims.not_before <= now {
+            let asked = budget.saturating_sub(leases.held()).min(MAX_BATCH);
+            if asked > 0 {
+                leases.in_flight += asked;
+                claiming = Some(claim(ctx, asked, claims.reclaiming));
+            }
+        }
+        if claiming.is_none() && recording.is_empty() && !claims.open && leases.is_empty() {
+            return failure.map_or(Ok(()), Err);
+        }
+        // The next time something is due without an event.
+        let record_due =
+            (!idle_lanes.is_empty() && !leases.finished.is_empty() && record_not_before > now)
+                .then_some(record_not_before);
+        let claim_due = (claiming.is_none()
+            && claims.open
+            && leases.held() < budget
+            && claims.not_before > now)
+            .then_some(claims.not_before);
+        let due = record_due.into_iter().chain(claim_due).min();
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled(), if claims.open => {
+                stop_claiming(ctx, &mut claims, &mut leases, &mut grace);
+            }
+            done = in_flight(&mut claiming), if claiming.is_some() => {
+                claiming = None;
+                leases.in_flight -= done.asked;
+                if let Err(e) = claimed(ctx, &mut claims, &mut leases, done) {
+                    failure = Some(e);
+                    stop_claiming(ctx, &mut claims, &mut leases, &mut grace);
+                }
+            }
+            Some(done) = recording.next(), if !recording.is_empty() => {
+                idle_lanes.push(done.lane);
+                leases.in_flight -= done.counted;
+                if recorded(ctx, &claims, &mut leases, done.recorded) {
+                    record_not_before = Instant::now() + record_backoff.next();
+                } else {
+                    record_backoff.reset();
+                }
+            }
+            Some(done) = leases.running.join_next(), if !leases.running.is_empty() => match done {
+                Ok(held) => leases.finished.push(held),
+                // Its lease was released when the task's state was dropped.
+                Err(e) => tracing::error!(queue = %cfg.queue, error = %e, "a job task ended abnormally"),
+            },
+            () = ctx.wake.notified(), if claims.open && claims.idle => {
+                claims.idle = false;
+                claims.not_before = Instant::now();
+            }
+            () = sleep_until(due), if due.is_some() => {
+                if claims.idle && claims.not_before <= Instant::now() {
+                    claims.idle = false;
+                }
+            }
+            () = sleep_until(grace), if grace.is_some() && !ctx.hard_stop.is_cancelled() => {
+                ctx.hard_stop.cancel();
+            }
+        }
+    }
+}
+
+/// The call of a lane; never ready while the lane is empty.
+async fn in_flight<T>(call: &mut Lane<'_, T>) -> T {
+    match call.as_mut() {
+        Some(call) => call.await,
+        None => std::future::pending().await,
+    }
+}
+
+fn sleep_until(at: Option<Instant>) -> tokio::time::Sleep {
+    tokio::time::sleep_until(at.unwrap_or_else(Instant::now))
+}
+
+/// Starts a claim of up to `asked` rows (a reclaim of this owner's rows
+/// if `reclaim`).
+fn claim(
+    ctx: &Arc<Ctx>,
+    asked: usize,
+    reclaim: bool,
+) -> Pin<Box<dyn Future<Output = ClaimDone> + Send + '_>> {
+    Box::pin(async move {
+        let cfg = &ctx.config;
+        let limit = u32::try_from(asked).unwrap_or(1);
+        let sent = Instant::now();
+        let rows = if reclaim {
+            ctx.client
+                .reclaim_own(limit, cfg.ttl, &cfg.owner, &cfg.queue)
+                .await
+        } else {
+            ctx.client
+                .claim(limit, cfg.ttl, &cfg.owner, &cfg.queue)
+                .await
+        };
+        ctx.counters.claim_latency(sent.elapsed());
+        ClaimDone {
+            rows,
+            asked,
+            reclaim,
+        }
+    })
+}
+
+/// Takes in what recording a batch returned: the rows claimed in its
+/// statement, and the leases whose release is to be tried again (true if
+/// there are any).
+fn recorded(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, recorded: Recorded) -> bool {
+    let Recorded { retry, claimed } = recorded;
+    ctx.counters.claimed(claimed.len());
+    for row in &claimed {
+        ctx.counters.claim_wait(row.lease.waited());
+    }
+    take_up(ctx, claims, leases, claimed);
+    let again = !retry.is_empty();
+    leases.finished.extend(retry);
+    again
+}
+
+/// Takes in what a claim returned; an error only for a claim that cannot
+/// succeed by retrying.
+fn claimed(
+    ctx: &Arc<Ctx>,
+    claims: &mut Claims,
+    leases: &mut Leases,
+    done: ClaimDone,
+) -> Result<()> {
+    let cfg = &ctx.config;
+    let ClaimDone {
+        rows,
+        asked,
+        reclaim,
+    } = done;
+    match rows {
+        Ok(rows) => {
+            claims.backoff.reset();
+            let got = rows.len();
+            if reclaim {
+                tracing::info!(queue = %cfg.queue, owner = %cfg.owner, reclaimed = got, "took back this owner's leases");
+                // Rows beyond the free slots expire and come back through
+                // the reaper.
+                claims.reclaiming = false;
+            } else {
+                tracing::debug!(queue = %cfg.queue, claimed = got, asked, "claimed");
+                for row in &rows {
+                    ctx.counters.claim_wait(row.lease.waited());
+                }
+                if got < asked {
+                    claims.idle = true;
+                    claims.not_before = Instant::now() + cfg.poll_interval;
+                }
+            }
+            ctx.counters.claimed(got);
+            take_up(ctx, claims, leases, rows);
+            Ok(())
+        }
+        Err(e) if e.is_invalid_input() => {
+            tracing::error!(queue = %cfg.queue, error = %e, "claim refused; the worker stops");
+            Err(e)
+        }
+        Err(e) => {
+            let delay = claims.backoff.next();
+            tracing::warn!(queue = %cfg.queue, error = %e, retry_in = ?delay, "claim failed");
+            claims.not_before = Instant::now() + delay;
+            Ok(())
+        }
+    }
+}
+
+/// Registers claimed rows; they wait for a slot, or, once claims have
+/// stopped (or beyond what was asked, which the SQL never returns), go back
+/// with the next release batch.
+fn take_up(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, rows: Vec<Claimed>) {
+    let budget = ctx.config.concurrency + ctx.config.prefetch;
+    for row in rows {
+        let ready = register(ctx, row);
+        if claims.open && leases.held() < budget {
+            leases.waiting.push_back(ready);
+        } else {
+            leases.finished.push(ready.held);
+        }
+    }
+}
+
+/// Stops claiming: rows that never started go back (abandoned, attempt
+/// given back) with the next release batch, and the grace period of the
+/// running handlers starts.
+fn stop_claiming(ctx: &Ctx, claims: &mut Claims, leases: &mut Leases, grace: &mut Option<Instant>) {
+    claims.open = false;
+    leases
+        .finished
+        .extend(leases.waiting.drain(..).map(|ready| ready.held));
+    *grace = Some(Instant::now() + ctx.config.grace_period);
+}
