@@ -197,7 +197,10 @@ async fn claims_report_how_long_rows_waited() {
     let client = Client::connect(&conn(&cluster, "postgres"))
         .await
         .expect("client");
-    client.enqueue("default", &json!({"n": 1})).await.expect("now");
+    client
+        .enqueue("default", &json!({"n": 1}))
+        .await
+        .expect("now");
     let delayed = EnqueueOptions {
         delay: Some(Duration::from_millis(300)),
         ..EnqueueOptions::default()
@@ -224,5 +227,8 @@ async fn claims_report_how_long_rows_waited() {
     assert!(now >= Duration::from_millis(600), "{now:?}");
     assert!(now < Duration::from_secs(10), "{now:?}");
     assert!(later >= Duration::from_millis(250), "{later:?}");
-    assert!(later + Duration::from_millis(250) <= now, "{later:?} vs {now:?}");
+    assert!(
+        later + Duration::from_millis(250) <= now,
+        "{later:?} vs {now:?}"
+    );
 }
