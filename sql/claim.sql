@@ -51,7 +51,7 @@ BEGIN
         SELECT j.id
           FROM lease.job j
          WHERE j.queue = q
-           AND j.state = 'pending'
+           AND j.state = 'pending' AND NOT j.held
            AND j.next_at <= t
          ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT n

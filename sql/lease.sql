@@ -163,6 +163,7 @@ DECLARE
     oc constant text := outcome;
     q  text;
     st lease.job_state;
+    ck text;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
@@ -186,9 +187,12 @@ BEGIN
          WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-        RETURNING j.queue INTO q;
+        RETURNING j.queue, j.concurrency_key INTO q, ck;
         IF q IS NOT NULL THEN
             PERFORM lease._count(q, done => 1);
+            IF ck IS NOT NULL THEN
+                PERFORM lease._free_slots(q, ARRAY[ck]);
+            END IF;
             RETURN true;
         END IF;
     END IF;
@@ -207,11 +211,14 @@ BEGIN
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
        AND q.name = j.queue
-    RETURNING j.queue, j.state INTO q, st;
+    RETURNING j.queue, j.state, j.concurrency_key INTO q, st, ck;
     IF st IS NULL THEN
         RETURN false;
     END IF;
     PERFORM lease._count_moved(q, 'leased', st, 1, oc);
+    IF ck IS NOT NULL AND st <> 'pending' THEN
+        PERFORM lease._free_slots(q, ARRAY[ck]);
+    END IF;
     RETURN true;
 END
 $$;
@@ -245,10 +252,15 @@ DECLARE
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
     gone_queues text[];
+    -- Concurrency keys of the deleted rows (NULL where none).
+    gone_keys text[];
     -- Rows the UPDATE ended: their tokens and the states they went to.
     ended_ids bigint[];
     ended_epochs bigint[];
     states lease.job_state[];
+    updated_queues text[];
+    updated_keys text[];
+    keyed boolean := false;
     moved record;
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
@@ -267,15 +279,19 @@ BEGIN
                     OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
                AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-            RETURNING j.id, j.epoch, j.queue
+            RETURNING j.id, j.epoch, j.queue, j.concurrency_key
         )
-        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}'), array_agg(d.queue)
-          INTO gone, gone_epochs, gone_queues
+        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}'), array_agg(d.queue),
+               array_agg(d.concurrency_key), coalesce(bool_or(d.concurrency_key IS NOT NULL), false)
+          INTO gone, gone_epochs, gone_queues, gone_keys, keyed
           FROM deleted d;
         FOR moved IN SELECT g.queue, count(*) AS n FROM unnest(gone_queues) AS g(queue) GROUP BY g.queue LOOP
             PERFORM lease._count(moved.queue, done => moved.n);
         END LOOP;
         IF cardinality(gone) = cardinality(ids) THEN
+            IF keyed THEN
+                PERFORM lease._free_slots_of(gone_queues, gone_keys);
+            END IF;
             -- The common case (all completions accepted): skip the UPDATE.
             RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
             RETURN;
@@ -299,15 +315,24 @@ BEGIN
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
            AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
-        RETURNING j.id, j.epoch, j.queue, j.state
+        RETURNING j.id, j.epoch, j.queue, j.state, j.concurrency_key
     )
-    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.epoch), '{}'), array_agg(u.queue), array_agg(u.state)
-      INTO ended_ids, ended_epochs, gone_queues, states
+    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.epoch), '{}'), array_agg(u.queue), array_agg(u.state),
+           array_agg(u.concurrency_key), keyed OR coalesce(bool_or(u.concurrency_key IS NOT NULL), false)
+      INTO ended_ids, ended_epochs, updated_queues, states, updated_keys, keyed
       FROM updated u;
     FOR moved IN SELECT m.queue, m.state, count(*) AS n
-                   FROM unnest(gone_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
+                   FROM unnest(updated_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
         PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
     END LOOP;
+    -- Rows that went back to pending keep their slots.
+    IF keyed THEN
+        PERFORM lease._free_slots_of(
+        coalesce(gone_queues, '{}') || ARRAY(SELECT m.queue FROM unnest(updated_queues, states) AS m(queue, state)
+                                               WHERE m.state <> 'pending'),
+        coalesce(gone_keys, '{}') || ARRAY(SELECT m.key FROM unnest(updated_keys, states) AS m(key, state)
+                                             WHERE m.state <> 'pending'));
+    END IF;
     RETURN QUERY
     SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
                  OR (w.id, w.epoch) IN (SELECT * FROM unnest(ended_ids, ended_epochs))

@@ -192,21 +192,22 @@ DECLARE
     first timestamptz;
 BEGIN
     delayed := 0;
-    p := (SELECT max(j.priority) FROM lease.job j WHERE j.queue = _queue_head.queue AND j.state = 'pending');
+    p := (SELECT max(j.priority) FROM lease.job j
+           WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held);
     WHILE p IS NOT NULL LOOP
         SELECT j.next_at INTO first
           FROM lease.job j
-         WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority = p
+         WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held AND j.priority = p
          ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT 1;
         IF first <= t THEN
             oldest_ready := least(oldest_ready, first);
         END IF;
         delayed := delayed + (SELECT count(*) FROM lease.job j
-                               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority = p
-                                 AND j.rank = 0 AND j.next_at > t);
+                               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held
+                                 AND j.priority = p AND j.rank = 0 AND j.next_at > t);
         p := (SELECT max(j.priority) FROM lease.job j
-               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority < p);
+               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held AND j.priority < p);
     END LOOP;
 END
 $$;
@@ -217,7 +218,7 @@ next_at among ready rows at the head of each priority; one index probe per disti
 
 CREATE VIEW lease.metrics AS
 SELECT q.name AS queue,
-       greatest(coalesce(c.pending, 0) - h.delayed, 0) AS ready,
+       greatest(coalesce(c.pending, 0) - h.delayed - coalesce(k.held, 0), 0) AS ready,
        h.delayed,
        coalesce(l.leased, 0)  AS leased,
        coalesce(l.expired, 0) AS expired,
@@ -230,7 +231,8 @@ SELECT q.name AS queue,
        coalesce(c.retried, 0)   AS retried_total,
        coalesce(c.died, 0)      AS dead_total,
        coalesce(c.cancelled, 0) AS cancelled_total,
-       q.recovered_total
+       q.recovered_total,
+       coalesce(k.held, 0) AS held
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -242,11 +244,14 @@ SELECT q.name AS queue,
                     count(*) FILTER (WHERE j.lease_until <= clock_timestamp()) AS expired,
                     min(j.lease_until) FILTER (WHERE j.lease_until <= clock_timestamp()) AS oldest_expiry
                FROM lease.job j WHERE j.state = 'leased' GROUP BY j.queue) l ON l.queue = q.name
+  LEFT JOIN (SELECT s.queue, sum(s.waiting)::bigint AS held FROM lease.key_slot s GROUP BY s.queue) k
+         ON k.queue = q.name
   CROSS JOIN LATERAL lease._queue_head(q.name) h;
 
 COMMENT ON VIEW lease.metrics IS
 $$Per queue, at O(queues + leases in flight + distinct priorities) cost: ready rows (pending, next_at
-reached), delayed rows (pending, next_at later), leased rows and those past expiry not yet reaped, dead
+reached), delayed rows (pending, next_at later), held rows (pending, waiting for a slot of their
+concurrency_key; O(keys) to count), leased rows and those past expiry not yet reaped, dead
 letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
 recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;

@@ -39,8 +39,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
 GRANT USAGE ON SCHEMA lease TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.enqueue(text, jsonb, text, timestamptz, integer, text),
-    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer),
+    lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
+    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.claim_pending(integer, interval, text, text),
     lease.reclaim_own(integer, interval, text, text),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
@@ -60,7 +60,7 @@ GRANT EXECUTE ON FUNCTION
 TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.create_queue(text, integer, interval, interval, interval, interval, text),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer),
     lease.drop_queue(text, boolean),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
@@ -114,6 +114,8 @@ SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
 -- lease.metrics' counters must match the restored rows.
 SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
+-- The concurrency slots must match the restored rows too.
+SELECT pg_catalog.pg_extension_config_dump('lease.key_slot', '');
 
 -- Job ids are half of every fencing token, so a reinstall must never issue
 -- an id the previous install issued. The WAL position only grows in a

@@ -8,7 +8,8 @@ CREATE FUNCTION lease.create_queue(
     backoff_max    interval DEFAULT '1 hour',
     retention      interval DEFAULT '0',
     dead_retention interval DEFAULT '7 days',
-    jitter         text     DEFAULT 'full'
+    jitter         text     DEFAULT 'full',
+    concurrency    integer  DEFAULT NULL
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -32,26 +33,35 @@ BEGIN
         RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF concurrency NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
         RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter)
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
+                                  concurrency)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter)
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
+            create_queue.concurrency)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
             backoff_max    = EXCLUDED.backoff_max,
             retention      = EXCLUDED.retention,
             dead_retention = EXCLUDED.dead_retention,
-            jitter         = EXCLUDED.jitter;
+            jitter         = EXCLUDED.jitter,
+            concurrency    = EXCLUDED.concurrency;
+    -- A raised (or removed) limit admits held rows now.
+    PERFORM lease._top_up_slots(name);
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
@@ -59,6 +69,9 @@ jitter: 'full' (default) makes each retry delay uniform in [0, that delay), so r
 not come back together; 'none' keeps it exact.
 retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
 Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
+concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
+1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
+admits held rows at once; lowering it admits no more until the key is below the new limit.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
@@ -111,7 +124,8 @@ AS $$
 BEGIN
     IF (SELECT count(*)
           FROM (SELECT FROM lease.job j
-                 WHERE j.queue = wake.queue AND j.state = 'pending' AND j.next_at <= clock_timestamp()
+                 WHERE j.queue = wake.queue AND j.state = 'pending' AND NOT j.held
+                   AND j.next_at <= clock_timestamp()
                  LIMIT added + 1) AS ready) <= added THEN
         PERFORM pg_notify('pg_lease_ready', queue);
     END IF;
@@ -155,7 +169,8 @@ CREATE FUNCTION lease.enqueue(
     key      text        DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
     priority integer     DEFAULT 0,
-    unique_key text      DEFAULT NULL
+    unique_key text      DEFAULT NULL,
+    concurrency_key text DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -165,6 +180,8 @@ DECLARE
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
+    ck constant text := CASE WHEN concurrency_key IS NOT NULL
+                             THEN lease._checked_concurrency_key(q, concurrency_key) END;
     new_id bigint;
 BEGIN
     -- A row in the way is either the same key (any state, while retained)
@@ -172,13 +189,17 @@ BEGIN
     -- a concurrent producer's row and then sees it, so one row wins. The
     -- row found may finish before it is read: then try again.
     FOR tries IN 1..3 LOOP
-        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key)
-        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key)
+        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key,
+                                    concurrency_key, held)
+        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key,
+                ck, ck IS NOT NULL)
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             PERFORM lease._count(q, enqueued => 1, pending => 1);
-            IF coalesce(r, t) <= t THEN
+            IF ck IS NOT NULL THEN
+                PERFORM lease._hold(q, ARRAY[ck]);
+            ELSIF coalesce(r, t) <= t THEN
                 PERFORM lease.wake(q, 1);
             END IF;
             RETURN new_id;
@@ -200,17 +221,22 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text) IS
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text, text) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
 returns the existing row's id and changes nothing (for as long as that row is retained, whatever its
 state). With a unique_key, at most one row per (queue, unique_key) is pending or leased: while one is,
 enqueue returns its id and changes nothing; once it has finished (done, dead, cancelled), the same
 unique_key enqueues a new row. Concurrent producers of one key or unique_key get one row and one id.
+With a concurrency_key (the queue needs a concurrency limit k, see lease.create_queue), at most k rows of
+that key are admitted at once; the others are held, never claimed, until an admitted one ends (done,
+dead, cancelled) and gives up its slot (highest priority, then oldest, first). A retry or expiry keeps the
+slot, so k = 1 runs a key's rows one at a time, in order.
 A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
 Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
-not produce into it; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
+not produce into it; 22023 concurrency_key empty or over 256 characters, or the queue has no concurrency
+limit; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
 before it could be read.$$;
 
 CREATE FUNCTION lease.enqueue_batch(
@@ -218,7 +244,8 @@ CREATE FUNCTION lease.enqueue_batch(
     payloads jsonb[],
     keys     text[]      DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
+    priority integer     DEFAULT 0,
+    concurrency_keys text[] DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -232,10 +259,18 @@ DECLARE
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
     added bigint;
+    held_keys text[];
 BEGIN
     IF keys IS NOT NULL AND cardinality(keys) <> n THEN
         RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concurrency_keys IS NOT NULL THEN
+        IF cardinality(concurrency_keys) <> n THEN
+            RAISE EXCEPTION 'concurrency_keys has % elements, payloads has %', cardinality(concurrency_keys), n
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM lease._checked_concurrency_key(q, c) FROM unnest(concurrency_keys) AS u(c) WHERE c IS NOT NULL;
     END IF;
     IF n > 100000 THEN
         RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
@@ -247,16 +282,25 @@ BEGIN
     -- Ids are drawn up front so that the result can be returned in input
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
-    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
-    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
-      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
-     ORDER BY u.ord
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-    GET DIAGNOSTICS added = ROW_COUNT;
+    WITH inserted AS (
+        INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at, concurrency_key, held)
+        SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t,
+               u.c, u.c IS NOT NULL
+          FROM unnest(payloads, keys, concurrency_keys) WITH ORDINALITY AS u(p, k, c, ord)
+         ORDER BY u.ord
+            ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING concurrency_key
+    )
+    SELECT count(*), array_agg(i.concurrency_key) FILTER (WHERE i.concurrency_key IS NOT NULL)
+      INTO added, held_keys
+      FROM inserted i;
     IF added > 0 THEN
         PERFORM lease._count(q, enqueued => added, pending => added);
     END IF;
-    IF n > 0 AND coalesce(r, t) <= t THEN
+    IF held_keys IS NOT NULL THEN
+        PERFORM lease._hold(q, held_keys);
+    END IF;
+    IF added > coalesce(cardinality(held_keys), 0) AND coalesce(r, t) <= t THEN
         PERFORM lease.wake(q, n);
     END IF;
 
@@ -270,10 +314,12 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]) IS
 $$Adds many rows to QUEUE in one statement and returns their ids in input order.
-keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
+keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue;
+concurrency_keys (same shape) give rows a concurrency_key as in lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys length differs, a
+concurrency key invalid or the queue without a concurrency limit, more than 100000 rows or run_at
 infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE FUNCTION lease.cancel(id bigint) RETURNS text
@@ -283,6 +329,8 @@ AS $$
 DECLARE
     result text;
     q text;
+    ck text;
+    was_held boolean;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
             -- A cancel written back to the table row: that row first.
@@ -292,13 +340,17 @@ BEGIN
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
      WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
-    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue
-      INTO result, q;
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue,
+              j.concurrency_key, j.held
+      INTO result, q, ck, was_held;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
     ELSE
         IF result = 'cancelled' THEN
             PERFORM lease._count(q, cancelled => 1, pending => -1);
+            IF ck IS NOT NULL THEN
+                PERFORM lease._free_slots(q, ARRAY[ck], was_held);
+            END IF;
         END IF;
         -- A cancelled row is purged after dead_retention: work for the reaper.
         PERFORM lease._reaper_touch();
@@ -341,19 +393,27 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     q text;
+    ck text;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
     -- the next claim still issues a greater one.
     UPDATE lease.job j
        SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
-           cancel_requested = false, owner = NULL, lease_until = NULL
+           cancel_requested = false, owner = NULL, lease_until = NULL,
+           -- Back in line for its key's slots, as if enqueued now.
+           held = j.concurrency_key IS NOT NULL
      WHERE j.id = requeue.id AND j.state = 'dead'
-    RETURNING j.queue INTO q;
+    RETURNING j.queue, j.concurrency_key INTO q, ck;
     IF q IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM lease._count(q, pending => 1, dead => -1), lease.wake(q, 1);
+    PERFORM lease._count(q, pending => 1, dead => -1);
+    IF ck IS NOT NULL THEN
+        PERFORM lease._hold(q, ARRAY[ck]);
+    ELSE
+        PERFORM lease.wake(q, 1);
+    END IF;
     RETURN true;
 END
 $$;

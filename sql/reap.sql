@@ -42,12 +42,15 @@ BEGIN
           FROM lease.queue q
          WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
            AND q.name = j.queue
-        RETURNING j.queue, j.state
+        RETURNING j.queue, j.state, j.concurrency_key
     ), counted AS (
         SELECT r.queue,
                count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
                count(*) FILTER (WHERE r.state = 'dead')      AS dead,
-               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
+               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled,
+               -- Requeued rows keep their concurrency slots; the others free them.
+               array_agg(r.concurrency_key) FILTER (WHERE r.state <> 'pending' AND r.concurrency_key IS NOT NULL)
+                                                             AS freed
           FROM recovered r
          GROUP BY r.queue
     ), totals AS (
@@ -56,13 +59,16 @@ BEGIN
           FROM counted c
          WHERE q.name = c.queue
     )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
+    SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed FROM counted c ORDER BY c.queue
     LOOP
         queue := r.queue;
         requeued := r.requeued;
         dead := r.dead;
         cancelled := r.cancelled;
         PERFORM lease._count(queue, died => dead, cancelled => cancelled, pending => requeued, dead => dead);
+        IF r.freed IS NOT NULL THEN
+            PERFORM lease._free_slots(queue, r.freed);
+        END IF;
         -- Idle workers LISTENing on the channel wake up instead of polling;
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN

@@ -50,6 +50,9 @@ CREATE TABLE lease.queue (
     -- Randomisation of retry delays (lease.retry_delay): 'full' spreads a
     -- burst of failures over the whole backoff, 'none' keeps it exact.
     jitter          text NOT NULL DEFAULT 'full' CHECK (jitter IN ('full', 'none')),
+    -- At most this many rows per concurrency_key admitted at once (pending
+    -- and claimable, or leased); NULL: no limit (see concurrency.sql).
+    concurrency     integer CHECK (concurrency BETWEEN 1 AND 100000),
     CHECK (backoff_max >= backoff_base)
 );
 
@@ -79,7 +82,13 @@ CREATE TABLE lease.job (
     created_at       timestamptz NOT NULL,
     finished_at      timestamptz,
     -- enqueue's unique_key: at most one pending or leased row per value.
-    unique_key       text
+    unique_key       text,
+    -- enqueue's concurrency_key: rows of one key share the queue's
+    -- concurrency slots (see concurrency.sql).
+    concurrency_key  text,
+    -- A pending row of a concurrency_key whose slots were all taken: not
+    -- claimable, and outside job_ready, until a slot frees.
+    held             boolean NOT NULL DEFAULT false
 )
 -- Free space on each page so that renewals (lease_until only, which no index
 -- covers) stay HOT updates.
@@ -90,7 +99,11 @@ COMMENT ON TABLE lease.job IS
 
 -- The claim path: pending rows of one queue in claim order.
 CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
-    WHERE state = 'pending';
+    WHERE state = 'pending' AND NOT held;
+-- Held rows of one concurrency_key in the order they are admitted: a claim
+-- never walks them, however many wait behind a busy key.
+CREATE INDEX job_held ON lease.job (queue, concurrency_key, priority DESC, id)
+    WHERE state = 'pending' AND held;
 -- The reap path: all leased rows, few at any time. Keyed on id, not on
 -- lease_until (renewals must not touch any index, to stay HOT) and not on
 -- owner (a long-lived owner's entries pile up as dead index tuples, and

@@ -75,6 +75,12 @@ BEGIN
         failures := failures || format('purge: %s: %s', SQLSTATE, problem);
     END;
     BEGIN
+        PERFORM lease._top_up_slots();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('concurrency slots: %s: %s', SQLSTATE, problem);
+    END;
+    BEGIN
         PERFORM lease._fold_counters();
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;

@@ -3,13 +3,14 @@
 CREATE VIEW lease.queue_stats AS
 SELECT q.name AS queue,
        count(j.id) FILTER (WHERE j.state = 'pending')                                   AS pending,
-       count(j.id) FILTER (WHERE j.state = 'pending' AND j.next_at <= clock_timestamp()) AS ready,
+       count(j.id) FILTER (WHERE j.state = 'pending' AND NOT j.held AND j.next_at <= clock_timestamp()) AS ready,
        count(j.id) FILTER (WHERE j.state = 'leased')                                    AS leased,
        count(j.id) FILTER (WHERE j.state = 'leased' AND j.lease_until <= clock_timestamp()) AS expired,
        count(j.id) FILTER (WHERE j.state = 'done')                                      AS done,
        count(j.id) FILTER (WHERE j.state = 'dead')                                      AS dead,
        count(j.id) FILTER (WHERE j.state = 'cancelled')                                 AS cancelled,
-       clock_timestamp() - min(j.next_at) FILTER (WHERE j.state = 'pending' AND j.next_at <= clock_timestamp())
+       clock_timestamp() - min(j.next_at) FILTER (WHERE j.state = 'pending' AND NOT j.held
+                                                    AND j.next_at <= clock_timestamp())
                                                                                         AS oldest_ready_age,
        q.recovered_total
   FROM lease.queue q
@@ -17,7 +18,7 @@ SELECT q.name AS queue,
  GROUP BY q.name, q.recovered_total;
 
 COMMENT ON VIEW lease.queue_stats IS
-    'Per queue: rows by state, how many are claimable now (ready), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
+    'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
 
 CREATE VIEW lease.in_flight AS
 SELECT j.id, j.queue, j.key, j.owner, j.epoch, j.attempt, j.lease_until,

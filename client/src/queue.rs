@@ -23,6 +23,12 @@ pub struct QueueOptions {
     /// rows that failed together do not come back together. Default true;
     /// false keeps delays exact.
     pub jitter: bool,
+    /// Per-key concurrency limit: at most this many rows of one
+    /// [`EnqueueOptions::concurrency_key`] are admitted (claimable or
+    /// leased) at once; the rest wait, held, until one ends. 1 runs each
+    /// key's rows one at a time, in order. Default `None`: no limit, and
+    /// enqueues may not name a concurrency key.
+    pub concurrency: Option<i32>,
 }
 
 impl Default for QueueOptions {
@@ -34,6 +40,7 @@ impl Default for QueueOptions {
             retention: Duration::ZERO,
             dead_retention: Duration::from_secs(7 * 24 * 3600),
             jitter: true,
+            concurrency: None,
         }
     }
 }
@@ -75,6 +82,11 @@ pub struct EnqueueOptions {
     /// `unique_key` is pending or leased, enqueue returns its id and adds
     /// nothing; once it has finished, a new row is added. Default: none.
     pub unique_key: Option<String>,
+    /// Shares the queue's [`QueueOptions::concurrency`] slots with the
+    /// other rows of this key: the row is claimable only while fewer than
+    /// that many rows of the key are admitted, and keeps its slot through
+    /// retries and expiries until it ends. Default: none.
+    pub concurrency_key: Option<String>,
 }
 
 /// Options of one [`Client::enqueue_batch`](crate::Client::enqueue_batch).
@@ -87,6 +99,10 @@ pub struct BatchOptions {
     pub delay: Option<Duration>,
     /// Higher is claimed first. Default 0.
     pub priority: i32,
+    /// One concurrency key (or `None`) per payload, as
+    /// [`EnqueueOptions::concurrency_key`]; as many elements as payloads.
+    /// Default: none.
+    pub concurrency_keys: Option<Vec<Option<String>>>,
 }
 
 /// One row of `lease.queue_stats`.
@@ -126,6 +142,8 @@ pub struct QueueMetrics {
     /// Pending rows waiting for a later next-eligible time (`run_at`,
     /// backoff).
     pub delayed: i64,
+    /// Pending rows held back until a slot of their concurrency key frees.
+    pub held: i64,
     /// Rows under a lease.
     pub leased: i64,
     /// Leases past their end, not yet reaped.

@@ -16,17 +16,33 @@ ALTER TABLE lease.queue
     ADD COLUMN restricted boolean NOT NULL DEFAULT false,
     ADD COLUMN attached   boolean NOT NULL DEFAULT false,
     -- Queues that exist keep exact retry delays; new ones get jitter.
-    ADD COLUMN jitter     text NOT NULL DEFAULT 'none' CHECK (jitter IN ('full', 'none'));
+    ADD COLUMN jitter     text NOT NULL DEFAULT 'none' CHECK (jitter IN ('full', 'none')),
+    ADD COLUMN concurrency integer CHECK (concurrency BETWEEN 1 AND 100000);
 ALTER TABLE lease.queue ALTER COLUMN jitter SET DEFAULT 'full';
 
--- A constant default: no table rewrite. The claim index follows the new
--- claim order (priority, rank, next_at, id).
+-- Constant defaults: no table rewrite. The claim index follows the new
+-- claim order (priority, rank, next_at, id) and leaves out rows held for a
+-- concurrency slot (sql/concurrency.sql).
 ALTER TABLE lease.job ADD COLUMN rank bigint NOT NULL DEFAULT 0;
+ALTER TABLE lease.job ADD COLUMN unique_key text;
+ALTER TABLE lease.job ADD COLUMN concurrency_key text, ADD COLUMN held boolean NOT NULL DEFAULT false;
 DROP INDEX lease.job_ready;
 CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
-    WHERE state = 'pending';
+    WHERE state = 'pending' AND NOT held;
+CREATE INDEX job_held ON lease.job (queue, concurrency_key, priority DESC, id)
+    WHERE state = 'pending' AND held;
 
-ALTER TABLE lease.job ADD COLUMN unique_key text;
+CREATE TABLE lease.key_slot (
+    queue   text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    key     text NOT NULL,
+    active  integer NOT NULL DEFAULT 0 CHECK (active >= 0),
+    waiting integer NOT NULL DEFAULT 0 CHECK (waiting >= 0),
+    PRIMARY KEY (queue, key)
+)
+WITH (fillfactor = 70);
+COMMENT ON TABLE lease.key_slot IS
+    'Per (queue, concurrency_key): admitted and held rows (see lease.enqueue''s concurrency_key). Kept by the lease.* functions; empty rows are removed by lease.sweep.';
+
 CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
 
@@ -134,10 +150,12 @@ DROP FUNCTION lease.register_attachment(regclass, text, name, text, integer, int
 DROP FUNCTION lease.unregister_attachment(text);
 DROP FUNCTION lease.next_state(text, boolean, integer, integer);
 DROP FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval);
--- Gained jitter.
+-- Gained jitter and concurrency.
 DROP FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval);
--- Gained unique_key.
+-- Gained unique_key and concurrency_key.
 DROP FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer);
+-- Gained concurrency_keys.
+DROP FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer);
 -- Changes language and body; its signature stays, but dropping is simplest.
 DROP FUNCTION lease.reap(integer);
 -- Gained eligible_at in its result.
@@ -337,12 +355,15 @@ BEGIN
           FROM lease.queue q
          WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
            AND q.name = j.queue
-        RETURNING j.queue, j.state
+        RETURNING j.queue, j.state, j.concurrency_key
     ), counted AS (
         SELECT r.queue,
                count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
                count(*) FILTER (WHERE r.state = 'dead')      AS dead,
-               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
+               count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled,
+               -- Requeued rows keep their concurrency slots; the others free them.
+               array_agg(r.concurrency_key) FILTER (WHERE r.state <> 'pending' AND r.concurrency_key IS NOT NULL)
+                                                             AS freed
           FROM recovered r
          GROUP BY r.queue
     ), totals AS (
@@ -351,13 +372,16 @@ BEGIN
           FROM counted c
          WHERE q.name = c.queue
     )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled FROM counted c ORDER BY c.queue
+    SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed FROM counted c ORDER BY c.queue
     LOOP
         queue := r.queue;
         requeued := r.requeued;
         dead := r.dead;
         cancelled := r.cancelled;
         PERFORM lease._count(queue, died => dead, cancelled => cancelled, pending => requeued, dead => dead);
+        IF r.freed IS NOT NULL THEN
+            PERFORM lease._free_slots(queue, r.freed);
+        END IF;
         -- Idle workers LISTENing on the channel wake up instead of polling;
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
@@ -691,7 +715,8 @@ CREATE OR REPLACE FUNCTION lease.create_queue(
     backoff_max    interval DEFAULT '1 hour',
     retention      interval DEFAULT '0',
     dead_retention interval DEFAULT '7 days',
-    jitter         text     DEFAULT 'full'
+    jitter         text     DEFAULT 'full',
+    concurrency    integer  DEFAULT NULL
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -715,26 +740,35 @@ BEGIN
         RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF concurrency NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
         RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter)
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
+                                  concurrency)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter)
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
+            create_queue.concurrency)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
             backoff_max    = EXCLUDED.backoff_max,
             retention      = EXCLUDED.retention,
             dead_retention = EXCLUDED.dead_retention,
-            jitter         = EXCLUDED.jitter;
+            jitter         = EXCLUDED.jitter,
+            concurrency    = EXCLUDED.concurrency;
+    -- A raised (or removed) limit admits held rows now.
+    PERFORM lease._top_up_slots(name);
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
@@ -742,6 +776,9 @@ jitter: 'full' (default) makes each retry delay uniform in [0, that delay), so r
 not come back together; 'none' keeps it exact.
 retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
 Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
+concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
+1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
+admits held rows at once; lowering it admits no more until the key is below the new limit.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
@@ -807,7 +844,8 @@ CREATE OR REPLACE FUNCTION lease.enqueue(
     key      text        DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
     priority integer     DEFAULT 0,
-    unique_key text      DEFAULT NULL
+    unique_key text      DEFAULT NULL,
+    concurrency_key text DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -817,6 +855,8 @@ DECLARE
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
+    ck constant text := CASE WHEN concurrency_key IS NOT NULL
+                             THEN lease._checked_concurrency_key(q, concurrency_key) END;
     new_id bigint;
 BEGIN
     -- A row in the way is either the same key (any state, while retained)
@@ -824,13 +864,17 @@ BEGIN
     -- a concurrent producer's row and then sees it, so one row wins. The
     -- row found may finish before it is read: then try again.
     FOR tries IN 1..3 LOOP
-        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key)
-        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key)
+        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key,
+                                    concurrency_key, held)
+        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key,
+                ck, ck IS NOT NULL)
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
             PERFORM lease._count(q, enqueued => 1, pending => 1);
-            IF coalesce(r, t) <= t THEN
+            IF ck IS NOT NULL THEN
+                PERFORM lease._hold(q, ARRAY[ck]);
+            ELSIF coalesce(r, t) <= t THEN
                 PERFORM lease.wake(q, 1);
             END IF;
             RETURN new_id;
@@ -852,17 +896,22 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text) IS
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text, text) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
 returns the existing row's id and changes nothing (for as long as that row is retained, whatever its
 state). With a unique_key, at most one row per (queue, unique_key) is pending or leased: while one is,
 enqueue returns its id and changes nothing; once it has finished (done, dead, cancelled), the same
 unique_key enqueues a new row. Concurrent producers of one key or unique_key get one row and one id.
+With a concurrency_key (the queue needs a concurrency limit k, see lease.create_queue), at most k rows of
+that key are admitted at once; the others are held, never claimed, until an admitted one ends (done,
+dead, cancelled) and gives up its slot (highest priority, then oldest, first). A retry or expiry keeps the
+slot, so k = 1 runs a key's rows one at a time, in order.
 A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
 Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
-not produce into it; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
+not produce into it; 22023 concurrency_key empty or over 256 characters, or the queue has no concurrency
+limit; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
 before it could be read.$$;
 
 CREATE OR REPLACE FUNCTION lease.enqueue_batch(
@@ -870,7 +919,8 @@ CREATE OR REPLACE FUNCTION lease.enqueue_batch(
     payloads jsonb[],
     keys     text[]      DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
-    priority integer     DEFAULT 0
+    priority integer     DEFAULT 0,
+    concurrency_keys text[] DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -884,10 +934,18 @@ DECLARE
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
     added bigint;
+    held_keys text[];
 BEGIN
     IF keys IS NOT NULL AND cardinality(keys) <> n THEN
         RAISE EXCEPTION 'keys has % elements, payloads has %', cardinality(keys), n
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concurrency_keys IS NOT NULL THEN
+        IF cardinality(concurrency_keys) <> n THEN
+            RAISE EXCEPTION 'concurrency_keys has % elements, payloads has %', cardinality(concurrency_keys), n
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM lease._checked_concurrency_key(q, c) FROM unnest(concurrency_keys) AS u(c) WHERE c IS NOT NULL;
     END IF;
     IF n > 100000 THEN
         RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
@@ -899,16 +957,25 @@ BEGIN
     -- Ids are drawn up front so that the result can be returned in input
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
-    INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at)
-    SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t
-      FROM unnest(payloads, keys) WITH ORDINALITY AS u(p, k, ord)
-     ORDER BY u.ord
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-    GET DIAGNOSTICS added = ROW_COUNT;
+    WITH inserted AS (
+        INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at, concurrency_key, held)
+        SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t,
+               u.c, u.c IS NOT NULL
+          FROM unnest(payloads, keys, concurrency_keys) WITH ORDINALITY AS u(p, k, c, ord)
+         ORDER BY u.ord
+            ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING concurrency_key
+    )
+    SELECT count(*), array_agg(i.concurrency_key) FILTER (WHERE i.concurrency_key IS NOT NULL)
+      INTO added, held_keys
+      FROM inserted i;
     IF added > 0 THEN
         PERFORM lease._count(q, enqueued => added, pending => added);
     END IF;
-    IF n > 0 AND coalesce(r, t) <= t THEN
+    IF held_keys IS NOT NULL THEN
+        PERFORM lease._hold(q, held_keys);
+    END IF;
+    IF added > coalesce(cardinality(held_keys), 0) AND coalesce(r, t) <= t THEN
         PERFORM lease.wake(q, n);
     END IF;
 
@@ -922,10 +989,12 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer) IS
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]) IS
 $$Adds many rows to QUEUE in one statement and returns their ids in input order.
-keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys length differs, more than 100000 rows or run_at
+keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue;
+concurrency_keys (same shape) give rows a concurrency_key as in lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys length differs, a
+concurrency key invalid or the queue without a concurrency limit, more than 100000 rows or run_at
 infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
@@ -935,6 +1004,8 @@ AS $$
 DECLARE
     result text;
     q text;
+    ck text;
+    was_held boolean;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
             -- A cancel written back to the table row: that row first.
@@ -944,13 +1015,17 @@ BEGIN
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
      WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
-    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue
-      INTO result, q;
+    RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue,
+              j.concurrency_key, j.held
+      INTO result, q, ck, was_held;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
     ELSE
         IF result = 'cancelled' THEN
             PERFORM lease._count(q, cancelled => 1, pending => -1);
+            IF ck IS NOT NULL THEN
+                PERFORM lease._free_slots(q, ARRAY[ck], was_held);
+            END IF;
         END IF;
         -- A cancelled row is purged after dead_retention: work for the reaper.
         PERFORM lease._reaper_touch();
@@ -993,19 +1068,27 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     q text;
+    ck text;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
     -- the next claim still issues a greater one.
     UPDATE lease.job j
        SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
-           cancel_requested = false, owner = NULL, lease_until = NULL
+           cancel_requested = false, owner = NULL, lease_until = NULL,
+           -- Back in line for its key's slots, as if enqueued now.
+           held = j.concurrency_key IS NOT NULL
      WHERE j.id = requeue.id AND j.state = 'dead'
-    RETURNING j.queue INTO q;
+    RETURNING j.queue, j.concurrency_key INTO q, ck;
     IF q IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM lease._count(q, pending => 1, dead => -1), lease.wake(q, 1);
+    PERFORM lease._count(q, pending => 1, dead => -1);
+    IF ck IS NOT NULL THEN
+        PERFORM lease._hold(q, ARRAY[ck]);
+    ELSE
+        PERFORM lease.wake(q, 1);
+    END IF;
     RETURN true;
 END
 $$;
@@ -1123,6 +1206,7 @@ DECLARE
     oc constant text := outcome;
     q  text;
     st lease.job_state;
+    ck text;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
@@ -1146,9 +1230,12 @@ BEGIN
          WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
            AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-        RETURNING j.queue INTO q;
+        RETURNING j.queue, j.concurrency_key INTO q, ck;
         IF q IS NOT NULL THEN
             PERFORM lease._count(q, done => 1);
+            IF ck IS NOT NULL THEN
+                PERFORM lease._free_slots(q, ARRAY[ck]);
+            END IF;
             RETURN true;
         END IF;
     END IF;
@@ -1167,11 +1254,14 @@ BEGIN
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
        AND q.name = j.queue
-    RETURNING j.queue, j.state INTO q, st;
+    RETURNING j.queue, j.state, j.concurrency_key INTO q, st, ck;
     IF st IS NULL THEN
         RETURN false;
     END IF;
     PERFORM lease._count_moved(q, 'leased', st, 1, oc);
+    IF ck IS NOT NULL AND st <> 'pending' THEN
+        PERFORM lease._free_slots(q, ARRAY[ck]);
+    END IF;
     RETURN true;
 END
 $$;
@@ -1205,10 +1295,15 @@ DECLARE
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
     gone_queues text[];
+    -- Concurrency keys of the deleted rows (NULL where none).
+    gone_keys text[];
     -- Rows the UPDATE ended: their tokens and the states they went to.
     ended_ids bigint[];
     ended_epochs bigint[];
     states lease.job_state[];
+    updated_queues text[];
+    updated_keys text[];
+    keyed boolean := false;
     moved record;
 BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
@@ -1227,15 +1322,19 @@ BEGIN
                     OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
                AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
                AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
-            RETURNING j.id, j.epoch, j.queue
+            RETURNING j.id, j.epoch, j.queue, j.concurrency_key
         )
-        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}'), array_agg(d.queue)
-          INTO gone, gone_epochs, gone_queues
+        SELECT coalesce(array_agg(d.id), '{}'), coalesce(array_agg(d.epoch), '{}'), array_agg(d.queue),
+               array_agg(d.concurrency_key), coalesce(bool_or(d.concurrency_key IS NOT NULL), false)
+          INTO gone, gone_epochs, gone_queues, gone_keys, keyed
           FROM deleted d;
         FOR moved IN SELECT g.queue, count(*) AS n FROM unnest(gone_queues) AS g(queue) GROUP BY g.queue LOOP
             PERFORM lease._count(moved.queue, done => moved.n);
         END LOOP;
         IF cardinality(gone) = cardinality(ids) THEN
+            IF keyed THEN
+                PERFORM lease._free_slots_of(gone_queues, gone_keys);
+            END IF;
             -- The common case (all completions accepted): skip the UPDATE.
             RETURN QUERY SELECT u.id, true FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord;
             RETURN;
@@ -1259,15 +1358,24 @@ BEGIN
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
            AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
            AND q.name = j.queue
-        RETURNING j.id, j.epoch, j.queue, j.state
+        RETURNING j.id, j.epoch, j.queue, j.state, j.concurrency_key
     )
-    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.epoch), '{}'), array_agg(u.queue), array_agg(u.state)
-      INTO ended_ids, ended_epochs, gone_queues, states
+    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.epoch), '{}'), array_agg(u.queue), array_agg(u.state),
+           array_agg(u.concurrency_key), keyed OR coalesce(bool_or(u.concurrency_key IS NOT NULL), false)
+      INTO ended_ids, ended_epochs, updated_queues, states, updated_keys, keyed
       FROM updated u;
     FOR moved IN SELECT m.queue, m.state, count(*) AS n
-                   FROM unnest(gone_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
+                   FROM unnest(updated_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
         PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
     END LOOP;
+    -- Rows that went back to pending keep their slots.
+    IF keyed THEN
+        PERFORM lease._free_slots_of(
+        coalesce(gone_queues, '{}') || ARRAY(SELECT m.queue FROM unnest(updated_queues, states) AS m(queue, state)
+                                               WHERE m.state <> 'pending'),
+        coalesce(gone_keys, '{}') || ARRAY(SELECT m.key FROM unnest(updated_keys, states) AS m(key, state)
+                                             WHERE m.state <> 'pending'));
+    END IF;
     RETURN QUERY
     SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
                  OR (w.id, w.epoch) IN (SELECT * FROM unnest(ended_ids, ended_epochs))
@@ -1334,7 +1442,7 @@ BEGIN
         SELECT j.id
           FROM lease.job j
          WHERE j.queue = q
-           AND j.state = 'pending'
+           AND j.state = 'pending' AND NOT j.held
            AND j.next_at <= t
          ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT n
@@ -2230,6 +2338,12 @@ BEGIN
         failures := failures || format('purge: %s: %s', SQLSTATE, problem);
     END;
     BEGIN
+        PERFORM lease._top_up_slots();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('concurrency slots: %s: %s', SQLSTATE, problem);
+    END;
+    BEGIN
         PERFORM lease._fold_counters();
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
@@ -2496,21 +2610,22 @@ DECLARE
     first timestamptz;
 BEGIN
     delayed := 0;
-    p := (SELECT max(j.priority) FROM lease.job j WHERE j.queue = _queue_head.queue AND j.state = 'pending');
+    p := (SELECT max(j.priority) FROM lease.job j
+           WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held);
     WHILE p IS NOT NULL LOOP
         SELECT j.next_at INTO first
           FROM lease.job j
-         WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority = p
+         WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held AND j.priority = p
          ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT 1;
         IF first <= t THEN
             oldest_ready := least(oldest_ready, first);
         END IF;
         delayed := delayed + (SELECT count(*) FROM lease.job j
-                               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority = p
-                                 AND j.rank = 0 AND j.next_at > t);
+                               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held
+                                 AND j.priority = p AND j.rank = 0 AND j.next_at > t);
         p := (SELECT max(j.priority) FROM lease.job j
-               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND j.priority < p);
+               WHERE j.queue = _queue_head.queue AND j.state = 'pending' AND NOT j.held AND j.priority < p);
     END LOOP;
 END
 $$;
@@ -2521,7 +2636,7 @@ next_at among ready rows at the head of each priority; one index probe per disti
 
 CREATE OR REPLACE VIEW lease.metrics AS
 SELECT q.name AS queue,
-       greatest(coalesce(c.pending, 0) - h.delayed, 0) AS ready,
+       greatest(coalesce(c.pending, 0) - h.delayed - coalesce(k.held, 0), 0) AS ready,
        h.delayed,
        coalesce(l.leased, 0)  AS leased,
        coalesce(l.expired, 0) AS expired,
@@ -2534,7 +2649,8 @@ SELECT q.name AS queue,
        coalesce(c.retried, 0)   AS retried_total,
        coalesce(c.died, 0)      AS dead_total,
        coalesce(c.cancelled, 0) AS cancelled_total,
-       q.recovered_total
+       q.recovered_total,
+       coalesce(k.held, 0) AS held
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -2546,14 +2662,208 @@ SELECT q.name AS queue,
                     count(*) FILTER (WHERE j.lease_until <= clock_timestamp()) AS expired,
                     min(j.lease_until) FILTER (WHERE j.lease_until <= clock_timestamp()) AS oldest_expiry
                FROM lease.job j WHERE j.state = 'leased' GROUP BY j.queue) l ON l.queue = q.name
+  LEFT JOIN (SELECT s.queue, sum(s.waiting)::bigint AS held FROM lease.key_slot s GROUP BY s.queue) k
+         ON k.queue = q.name
   CROSS JOIN LATERAL lease._queue_head(q.name) h;
 
 COMMENT ON VIEW lease.metrics IS
 $$Per queue, at O(queues + leases in flight + distinct priorities) cost: ready rows (pending, next_at
-reached), delayed rows (pending, next_at later), leased rows and those past expiry not yet reaped, dead
+reached), delayed rows (pending, next_at later), held rows (pending, waiting for a slot of their
+concurrency_key; O(keys) to count), leased rows and those past expiry not yet reaped, dead
 letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
 recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;
+
+CREATE OR REPLACE FUNCTION lease._checked_concurrency_key(queue text, key text) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF key = '' OR length(key) > 256 THEN
+        RAISE EXCEPTION 'concurrency_key must be 1 to 256 characters long'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _checked_concurrency_key.queue) IS NULL THEN
+        RAISE EXCEPTION 'queue "%" has no concurrency limit', queue
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Set one with lease.create_queue(name, ..., concurrency => k).';
+    END IF;
+    RETURN key;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_concurrency_key(text, text) IS
+    'Internal: returns KEY, or raises 22023 if it is empty or over 256 characters or QUEUE has no concurrency limit.';
+
+CREATE OR REPLACE FUNCTION lease._admit(queue text, key text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s lease.key_slot;
+    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _admit.queue);
+    admitted integer;
+BEGIN
+    SELECT * INTO s FROM lease.key_slot k WHERE k.queue = _admit.queue AND k.key = _admit.key;
+    IF coalesce(s.waiting, 0) = 0 OR s.active >= coalesce(lim, s.active + 1) THEN
+        RETURN 0;
+    END IF;
+    -- Rows a concurrent cancel holds are skipped: if that cancel rolls
+    -- back, lease.sweep admits the row later (lease._top_up_slots).
+    WITH next AS MATERIALIZED (
+        SELECT j.id
+          FROM lease.job j
+         WHERE j.queue = _admit.queue AND j.concurrency_key = _admit.key
+           AND j.state = 'pending' AND j.held
+         ORDER BY j.priority DESC, j.id
+         LIMIT coalesce(lim - s.active, s.waiting)
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE lease.job j SET held = false WHERE j.id = ANY (ARRAY(SELECT n.id FROM next n));
+    GET DIAGNOSTICS admitted = ROW_COUNT;
+    IF admitted > 0 THEN
+        UPDATE lease.key_slot k
+           SET active = k.active + admitted, waiting = k.waiting - admitted
+         WHERE k.queue = _admit.queue AND k.key = _admit.key;
+        PERFORM lease.wake(queue, admitted);
+    END IF;
+    RETURN admitted;
+END
+$$;
+
+COMMENT ON FUNCTION lease._admit(text, text) IS
+    'Internal: admits held rows of concurrency key KEY of QUEUE (highest priority, then oldest first) into its free slots; returns how many. The caller holds the key''s lease.key_slot row locked.';
+
+CREATE OR REPLACE FUNCTION lease._hold(queue text, keys text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k record;
+BEGIN
+    FOR k IN SELECT u.key, count(*)::integer AS n
+               FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
+              GROUP BY u.key ORDER BY u.key
+    LOOP
+        INSERT INTO lease.key_slot AS s (queue, key, waiting) VALUES (_hold.queue, k.key, k.n)
+            ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = s.waiting + excluded.waiting;
+        PERFORM lease._admit(queue, k.key);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._hold(text, text[]) IS
+    'Internal: this transaction just made rows of QUEUE with these concurrency KEYS (one element per row) pending and held; counts them and admits what the keys'' free slots allow.';
+
+CREATE OR REPLACE FUNCTION lease._free_slots(queue text, keys text[], were_held boolean DEFAULT false) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    k record;
+BEGIN
+    FOR k IN SELECT u.key, count(*)::integer AS n
+               FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
+              GROUP BY u.key ORDER BY u.key
+    LOOP
+        UPDATE lease.key_slot s
+           SET active  = s.active  - CASE WHEN were_held THEN 0 ELSE k.n END,
+               waiting = s.waiting - CASE WHEN were_held THEN k.n ELSE 0 END
+         WHERE s.queue = _free_slots.queue AND s.key = k.key;
+        PERFORM lease._admit(queue, k.key);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._free_slots(text, text[], boolean) IS
+    'Internal: rows of QUEUE with these concurrency KEYS (one element per row) just ended (done, dead, cancelled; held ones if WERE_HELD); gives their slots to the keys'' next held rows.';
+
+CREATE OR REPLACE FUNCTION lease._top_up_slots(only_queue text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s record;
+    admitted bigint := 0;
+BEGIN
+    -- Keys with held rows and free slots: after a raised limit, or a row
+    -- _admit skipped because a cancel that then rolled back held it.
+    FOR s IN SELECT k.queue, k.key
+               FROM lease.key_slot k JOIN lease.queue qu ON qu.name = k.queue
+              WHERE k.waiting > 0 AND (qu.concurrency IS NULL OR k.active < qu.concurrency)
+                AND (only_queue IS NULL OR k.queue = only_queue)
+              ORDER BY k.queue, k.key
+                FOR UPDATE OF k SKIP LOCKED
+    LOOP
+        admitted := admitted + lease._admit(s.queue, s.key);
+    END LOOP;
+    -- Keys with nothing admitted or held; a producer that is about to use
+    -- one holds it locked, or re-creates it.
+    DELETE FROM lease.key_slot k
+     WHERE (k.queue, k.key) IN (SELECT e.queue, e.key FROM lease.key_slot e
+                                 WHERE e.active = 0 AND e.waiting = 0
+                                   AND (only_queue IS NULL OR e.queue = only_queue)
+                                 LIMIT 10000
+                                   FOR UPDATE SKIP LOCKED);
+    RETURN admitted;
+END
+$$;
+
+COMMENT ON FUNCTION lease._top_up_slots(text) IS
+    'Internal, run by lease.sweep and lease.create_queue: admits held rows into free slots (of ONLY_QUEUE, or all queues) and removes empty lease.key_slot rows; returns how many rows it admitted. Skips keys others hold locked.';
+
+CREATE OR REPLACE FUNCTION lease._free_slots_of(queues text[], keys text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q record;
+BEGIN
+    FOR q IN SELECT u.queue, array_agg(u.key) AS keys
+               FROM unnest(queues, keys) AS u(queue, key) WHERE u.key IS NOT NULL
+              GROUP BY u.queue ORDER BY u.queue
+    LOOP
+        PERFORM lease._free_slots(q.queue, q.keys);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._free_slots_of(text[], text[]) IS
+    'Internal: lease._free_slots for rows of several queues (QUEUES[i] goes with KEYS[i]), queue by queue in name order.';
+
+CREATE OR REPLACE VIEW lease.queue_stats AS
+SELECT q.name AS queue,
+       count(j.id) FILTER (WHERE j.state = 'pending')                                   AS pending,
+       count(j.id) FILTER (WHERE j.state = 'pending' AND NOT j.held AND j.next_at <= clock_timestamp()) AS ready,
+       count(j.id) FILTER (WHERE j.state = 'leased')                                    AS leased,
+       count(j.id) FILTER (WHERE j.state = 'leased' AND j.lease_until <= clock_timestamp()) AS expired,
+       count(j.id) FILTER (WHERE j.state = 'done')                                      AS done,
+       count(j.id) FILTER (WHERE j.state = 'dead')                                      AS dead,
+       count(j.id) FILTER (WHERE j.state = 'cancelled')                                 AS cancelled,
+       clock_timestamp() - min(j.next_at) FILTER (WHERE j.state = 'pending' AND NOT j.held
+                                                    AND j.next_at <= clock_timestamp())
+                                                                                        AS oldest_ready_age,
+       q.recovered_total
+  FROM lease.queue q
+  LEFT JOIN lease.job j ON j.queue = q.name
+ GROUP BY q.name, q.recovered_total;
+
+COMMENT ON VIEW lease.queue_stats IS
+    'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
+
+CREATE OR REPLACE FUNCTION lease.wake(queue text, added integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF (SELECT count(*)
+          FROM (SELECT FROM lease.job j
+                 WHERE j.queue = wake.queue AND j.state = 'pending' AND NOT j.held
+                   AND j.next_at <= clock_timestamp()
+                 LIMIT added + 1) AS ready) <= added THEN
+        PERFORM pg_notify('pg_lease_ready', queue);
+    END IF;
+END
+$$;
 
 -- The attached tables' triggers, for the new trigger function -----------------
 
@@ -2590,7 +2900,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
 REVOKE SELECT ON lease.attachment FROM lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.enqueue(text, jsonb, text, timestamptz, integer, text),
+    lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
+    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.release_named(text[], text, bigint[]),
     lease.cancel_key(text, text)
@@ -2599,7 +2910,7 @@ TO lease_worker;
 GRANT EXECUTE ON FUNCTION
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
-    lease.create_queue(text, integer, interval, interval, interval, interval, text),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer),
     lease.requeue(bigint),
     lease.recount(),
     lease.reap(integer),
@@ -2629,5 +2940,6 @@ SELECT pg_catalog.pg_extension_config_dump('lease.named_lease', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.key_slot', '');
 
 SELECT lease._reaper_discover();

@@ -25,8 +25,21 @@ pgrx::extension_sql_file!(
     name = "access",
     requires = ["check"]
 );
-pgrx::extension_sql_file!("../../sql/queue.sql", name = "queue", requires = ["access"]);
-pgrx::extension_sql_file!("../../sql/lease.sql", name = "lease", requires = ["access"]);
+pgrx::extension_sql_file!(
+    "../../sql/concurrency.sql",
+    name = "concurrency",
+    requires = ["check"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/queue.sql",
+    name = "queue",
+    requires = ["access", "concurrency"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/lease.sql",
+    name = "lease",
+    requires = ["access", "concurrency"]
+);
 pgrx::extension_sql_file!(
     "../../sql/claim.sql",
     name = "claim",
@@ -59,7 +72,7 @@ pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["sc
 pgrx::extension_sql_file!(
     "../../sql/metrics.sql",
     name = "metrics",
-    requires = ["schema"]
+    requires = ["concurrency"]
 );
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",

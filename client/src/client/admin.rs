@@ -94,6 +94,7 @@ impl Client {
                         dead_total: col(r, 12)?,
                         cancelled_total: col(r, 13)?,
                         recovered_total: col(r, 14)?,
+                        held: col(r, 15)?,
                     })
                 })
                 .collect()

@@ -19,10 +19,20 @@ impl Client {
         let dead = micros(options.dead_retention, "dead_retention")?;
         let attempts = options.max_attempts;
         let jitter = if options.jitter { "full" } else { "none" };
+        let concurrency = options.concurrency;
         self.call(|c| async move {
             c.query(
                 Query::CreateQueue,
-                &[&name, &attempts, &base, &max, &retention, &dead, &jitter],
+                &[
+                    &name,
+                    &attempts,
+                    &base,
+                    &max,
+                    &retention,
+                    &dead,
+                    &jitter,
+                    &concurrency,
+                ],
             )
             .await
             .map(drop)
@@ -61,12 +71,21 @@ impl Client {
         let key = options.key.as_deref();
         let priority = options.priority;
         let unique_key = options.unique_key.as_deref();
+        let concurrency_key = options.concurrency_key.as_deref();
         let payload = &payload;
         self.call(|c| async move {
             let row = c
                 .query_one(
                     Query::Enqueue,
-                    &[&queue, payload, &key, &delay, &priority, &unique_key],
+                    &[
+                        &queue,
+                        payload,
+                        &key,
+                        &delay,
+                        &priority,
+                        &unique_key,
+                        &concurrency_key,
+                    ],
                 )
                 .await?;
             col(&row, 0)
@@ -89,12 +108,20 @@ impl Client {
         let delay = options.delay.map(|d| micros(d, "delay")).transpose()?;
         let keys = options.keys.as_ref();
         let priority = options.priority;
+        let concurrency_keys = options.concurrency_keys.as_ref();
         let payloads = &payloads;
         self.call(|c| async move {
             let rows = c
                 .query(
                     Query::EnqueueBatch,
-                    &[&queue, payloads, &keys, &delay, &priority],
+                    &[
+                        &queue,
+                        payloads,
+                        &keys,
+                        &delay,
+                        &priority,
+                        &concurrency_keys,
+                    ],
                 )
                 .await?;
             rows.iter().map(|r| col(r, 0)).collect()

@@ -95,13 +95,14 @@ impl Query {
             S::Enqueue => concat!(
                 "SELECT lease.enqueue(queue => $1::text, payload => $2::jsonb, key => $3::text, run_at => ",
                 at_or_null!("4"),
-                ", priority => $5::int, unique_key => $6::text)"
+                ", priority => $5::int, unique_key => $6::text, concurrency_key => $7::text)"
             ),
             S::EnqueueBatch => concat!(
                 "SELECT e.id FROM lease.enqueue_batch(queue => $1::text, payloads => $2::jsonb[], ",
                 "keys => $3::text[], run_at => ",
                 at_or_null!("4"),
-                ", priority => $5::int) WITH ORDINALITY AS e(id, ord) ORDER BY e.ord"
+                ", priority => $5::int, concurrency_keys => $6::text[]) ",
+                "WITH ORDINALITY AS e(id, ord) ORDER BY e.ord"
             ),
             S::Claim => concat!(
                 "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at ",
@@ -174,7 +175,7 @@ impl Query {
                 micros!("5"),
                 ", dead_retention => ",
                 micros!("6"),
-                ", jitter => $7::text)"
+                ", jitter => $7::text, concurrency => $8::int)"
             ),
             S::DropQueue => "SELECT lease.drop_queue(name => $1::text, force => $2::boolean)",
             S::Reap => concat!(
@@ -193,7 +194,7 @@ impl Query {
                 ", ",
                 as_micros!("reap_lag"),
                 ", enqueued_total, claimed_total, done_total, retried_total, dead_total, ",
-                "cancelled_total, recovered_total FROM lease.metrics ORDER BY queue"
+                "cancelled_total, recovered_total, held FROM lease.metrics ORDER BY queue"
             ),
             S::InFlight => concat!(
                 "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
