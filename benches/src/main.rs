@@ -3,7 +3,8 @@
 //! Starts a throwaway PostgreSQL 15 cluster with fixed settings (see
 //! `pg_lease_benches::SETTINGS`), creates the extension and the hand-written baseline's
 //! tables, then measures side by side: pgbench drains (pg_lease vs the
-//! hand-written seed SQL vs a primary-key UPDATE ceiling), enqueue, renew
+//! hand-written seed SQL vs a primary-key UPDATE ceiling), the same drains
+//! with per-key concurrency, enqueue, renew
 //! and its HOT share, the Rust client, its `Worker` (beside the
 //! hand-written SQL on the same rows), claim latency vs
 //! backlog, the cost of a metrics poll, a pinned xmin, sustained churn, and a concurrency sweep. Prints
@@ -13,13 +14,14 @@
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, enqueue, renew, client, worker, latency, metrics, pinned, churn, sweep
+//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, sweep
 //! ```
 //!
 //! The extension must be installed into the PostgreSQL 15 that
 //! `pg_tests::pg_bin_dir()` points at (`bin/bench` does that first).
 
 mod cpu;
+mod keys;
 mod metrics;
 mod pgbench;
 mod report;
@@ -37,8 +39,8 @@ use crate::report::Results;
 use crate::scenarios::{connect, Bench, Res, Size};
 
 const SECTIONS: &[&str] = &[
-    "claim", "enqueue", "renew", "client", "worker", "latency", "metrics", "pinned", "churn",
-    "sweep",
+    "claim", "keys", "enqueue", "renew", "client", "worker", "latency", "metrics", "pinned",
+    "churn", "sweep",
 ];
 
 struct Args {
@@ -180,6 +182,7 @@ fn run() -> Res<()> {
             eprintln!("bench: {section} ...");
             match *section {
                 "claim" => bench.claim_complete(&mut results).await?,
+                "keys" => bench.keys(&mut results).await?,
                 "enqueue" => bench.enqueue(&mut results).await?,
                 "renew" => bench.renew(&mut results).await?,
                 "client" => bench.client(&mut results).await?,

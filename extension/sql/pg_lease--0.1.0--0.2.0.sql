@@ -2695,17 +2695,15 @@ $$;
 COMMENT ON FUNCTION lease._checked_concurrency_key(text, text) IS
     'Internal: returns KEY, or raises 22023 if it is empty or over 256 characters or QUEUE has no concurrency limit.';
 
-CREATE OR REPLACE FUNCTION lease._admit(queue text, key text) RETURNS integer
+CREATE OR REPLACE FUNCTION lease._admit(queue text, key text, lim integer, active integer, waiting integer)
+RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    s lease.key_slot;
-    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _admit.queue);
     admitted integer;
 BEGIN
-    SELECT * INTO s FROM lease.key_slot k WHERE k.queue = _admit.queue AND k.key = _admit.key;
-    IF coalesce(s.waiting, 0) = 0 OR s.active >= coalesce(lim, s.active + 1) THEN
+    IF waiting = 0 OR active >= coalesce(lim, active + 1) THEN
         RETURN 0;
     END IF;
     -- Rows a concurrent cancel holds are skipped: if that cancel rolls
@@ -2716,7 +2714,7 @@ BEGIN
          WHERE j.queue = _admit.queue AND j.concurrency_key = _admit.key
            AND j.state = 'pending' AND j.held
          ORDER BY j.priority DESC, j.id
-         LIMIT coalesce(lim - s.active, s.waiting)
+         LIMIT coalesce(lim - active, waiting)
            FOR UPDATE SKIP LOCKED
     )
     UPDATE lease.job j SET held = false WHERE j.id = ANY (ARRAY(SELECT n.id FROM next n));
@@ -2725,30 +2723,36 @@ BEGIN
         UPDATE lease.key_slot k
            SET active = k.active + admitted, waiting = k.waiting - admitted
          WHERE k.queue = _admit.queue AND k.key = _admit.key;
-        PERFORM lease.wake(queue, admitted);
     END IF;
     RETURN admitted;
 END
 $$;
 
-COMMENT ON FUNCTION lease._admit(text, text) IS
-    'Internal: admits held rows of concurrency key KEY of QUEUE (highest priority, then oldest first) into its free slots; returns how many. The caller holds the key''s lease.key_slot row locked.';
+COMMENT ON FUNCTION lease._admit(text, text, integer, integer, integer) IS
+    'Internal: admits held rows of concurrency key KEY of QUEUE (highest priority, then oldest first) into the slots LIM leaves free beside ACTIVE ones, of WAITING held; returns how many. The caller holds the key''s lease.key_slot row locked.';
 
 CREATE OR REPLACE FUNCTION lease._hold(queue text, keys text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _hold.queue);
     k record;
+    s lease.key_slot;
+    admitted integer := 0;
 BEGIN
     FOR k IN SELECT u.key, count(*)::integer AS n
                FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
               GROUP BY u.key ORDER BY u.key
     LOOP
-        INSERT INTO lease.key_slot AS s (queue, key, waiting) VALUES (_hold.queue, k.key, k.n)
-            ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = s.waiting + excluded.waiting;
-        PERFORM lease._admit(queue, k.key);
+        INSERT INTO lease.key_slot AS t (queue, key, waiting) VALUES (_hold.queue, k.key, k.n)
+            ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = t.waiting + excluded.waiting
+        RETURNING * INTO s;
+        admitted := admitted + lease._admit(queue, k.key, lim, s.active, s.waiting);
     END LOOP;
+    IF admitted > 0 THEN
+        PERFORM lease.wake(queue, admitted);
+    END IF;
 END
 $$;
 
@@ -2760,18 +2764,25 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _free_slots.queue);
     k record;
+    s lease.key_slot;
+    admitted integer := 0;
 BEGIN
     FOR k IN SELECT u.key, count(*)::integer AS n
                FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
               GROUP BY u.key ORDER BY u.key
     LOOP
-        UPDATE lease.key_slot s
-           SET active  = s.active  - CASE WHEN were_held THEN 0 ELSE k.n END,
-               waiting = s.waiting - CASE WHEN were_held THEN k.n ELSE 0 END
-         WHERE s.queue = _free_slots.queue AND s.key = k.key;
-        PERFORM lease._admit(queue, k.key);
+        UPDATE lease.key_slot t
+           SET active  = t.active  - CASE WHEN were_held THEN 0 ELSE k.n END,
+               waiting = t.waiting - CASE WHEN were_held THEN k.n ELSE 0 END
+         WHERE t.queue = _free_slots.queue AND t.key = k.key
+        RETURNING * INTO s;
+        admitted := admitted + lease._admit(queue, k.key, lim, s.active, s.waiting);
     END LOOP;
+    IF admitted > 0 THEN
+        PERFORM lease.wake(queue, admitted);
+    END IF;
 END
 $$;
 
@@ -2784,18 +2795,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     s record;
+    n integer;
     admitted bigint := 0;
 BEGIN
     -- Keys with held rows and free slots: after a raised limit, or a row
     -- _admit skipped because a cancel that then rolled back held it.
-    FOR s IN SELECT k.queue, k.key
+    FOR s IN SELECT k.queue, k.key, qu.concurrency, k.active, k.waiting
                FROM lease.key_slot k JOIN lease.queue qu ON qu.name = k.queue
               WHERE k.waiting > 0 AND (qu.concurrency IS NULL OR k.active < qu.concurrency)
                 AND (only_queue IS NULL OR k.queue = only_queue)
               ORDER BY k.queue, k.key
                 FOR UPDATE OF k SKIP LOCKED
     LOOP
-        admitted := admitted + lease._admit(s.queue, s.key);
+        n := lease._admit(s.queue, s.key, s.concurrency, s.active, s.waiting);
+        IF n > 0 THEN
+            PERFORM lease.wake(s.queue, n);
+            admitted := admitted + n;
+        END IF;
     END LOOP;
     -- Keys with nothing admitted or held; a producer that is about to use
     -- one holds it locked, or re-creates it.
