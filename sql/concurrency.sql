@@ -55,44 +55,53 @@ $$;
 COMMENT ON FUNCTION lease._checked_concurrency_key(text, text) IS
     'Internal: returns KEY, or raises 22023 if it is empty or over 256 characters or QUEUE has no concurrency limit.';
 
--- Admits held rows of KEY into its free slots. The caller holds the key's
--- slot row locked (which is what makes the count exact) and passes what it
--- read there, and the queue's limit (NULL: none).
-CREATE FUNCTION lease._admit(queue text, key text, lim integer, active integer, waiting integer)
-RETURNS integer
+-- Admits held rows of KEYS into their free slots, in one statement for all
+-- keys. The caller holds the keys' slot rows locked, which is what makes
+-- the counts exact; LIM is the queue's limit (NULL: none).
+CREATE FUNCTION lease._admit(queue text, lim integer, keys text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     admitted integer;
 BEGIN
-    IF waiting = 0 OR active >= coalesce(lim, active + 1) THEN
-        RETURN 0;
-    END IF;
     -- Rows a concurrent cancel holds are skipped: if that cancel rolls
     -- back, lease.sweep admits the row later (lease._top_up_slots).
-    WITH next AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.queue = _admit.queue AND j.concurrency_key = _admit.key
-           AND j.state = 'pending' AND j.held
-         ORDER BY j.priority DESC, j.id
-         LIMIT coalesce(lim - active, waiting)
-           FOR UPDATE SKIP LOCKED
+    WITH open AS (
+        SELECT t.key, coalesce(lim - t.active, t.waiting) AS free
+          FROM lease.key_slot t
+         WHERE t.queue = _admit.queue AND t.key = ANY (keys)
+           AND t.waiting > 0 AND t.active < coalesce(lim, t.active + 1)
+    ), next AS MATERIALIZED (
+        SELECT n.id
+          FROM open o
+         CROSS JOIN LATERAL (
+            SELECT j.id
+              FROM lease.job j
+             WHERE j.queue = _admit.queue AND j.concurrency_key = o.key
+               AND j.state = 'pending' AND j.held
+             ORDER BY j.priority DESC, j.id
+             LIMIT o.free
+               FOR UPDATE SKIP LOCKED) n
+    ), promoted AS (
+        UPDATE lease.job j SET held = false
+         WHERE j.id = ANY (ARRAY(SELECT n.id FROM next n))
+        RETURNING j.concurrency_key
+    ), counted AS (
+        SELECT p.concurrency_key AS key, count(*)::integer AS n FROM promoted p GROUP BY p.concurrency_key
+    ), slots AS (
+        UPDATE lease.key_slot t
+           SET active = t.active + c.n, waiting = t.waiting - c.n
+          FROM counted c
+         WHERE t.queue = _admit.queue AND t.key = c.key
     )
-    UPDATE lease.job j SET held = false WHERE j.id = ANY (ARRAY(SELECT n.id FROM next n));
-    GET DIAGNOSTICS admitted = ROW_COUNT;
-    IF admitted > 0 THEN
-        UPDATE lease.key_slot k
-           SET active = k.active + admitted, waiting = k.waiting - admitted
-         WHERE k.queue = _admit.queue AND k.key = _admit.key;
-    END IF;
+    SELECT coalesce(sum(c.n), 0) INTO admitted FROM counted c;
     RETURN admitted;
 END
 $$;
 
-COMMENT ON FUNCTION lease._admit(text, text, integer, integer, integer) IS
-    'Internal: admits held rows of concurrency key KEY of QUEUE (highest priority, then oldest first) into the slots LIM leaves free beside ACTIVE ones, of WAITING held; returns how many. The caller holds the key''s lease.key_slot row locked.';
+COMMENT ON FUNCTION lease._admit(text, integer, text[]) IS
+    'Internal: admits held rows of the concurrency KEYS of QUEUE (per key: highest priority, then oldest first) into the slots limit LIM leaves free; returns how many. The caller holds the keys'' lease.key_slot rows locked.';
 
 CREATE FUNCTION lease._hold(queue text, keys text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -100,19 +109,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _hold.queue);
-    k record;
-    s lease.key_slot;
-    admitted integer := 0;
+    admitted integer;
 BEGIN
-    FOR k IN SELECT u.key, count(*)::integer AS n
-               FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
-              GROUP BY u.key ORDER BY u.key
-    LOOP
-        INSERT INTO lease.key_slot AS t (queue, key, waiting) VALUES (_hold.queue, k.key, k.n)
-            ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = t.waiting + excluded.waiting
-        RETURNING * INTO s;
-        admitted := admitted + lease._admit(queue, k.key, lim, s.active, s.waiting);
-    END LOOP;
+    -- Rows are inserted, and so locked, in key order.
+    INSERT INTO lease.key_slot AS t (queue, key, waiting)
+    SELECT _hold.queue, u.key, count(*)
+      FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
+     GROUP BY u.key ORDER BY u.key
+        ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = t.waiting + excluded.waiting;
+    admitted := lease._admit(queue, lim, keys);
     IF admitted > 0 THEN
         PERFORM lease.wake(queue, admitted);
     END IF;
@@ -128,21 +133,22 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _free_slots.queue);
-    k record;
-    s lease.key_slot;
-    admitted integer := 0;
+    admitted integer;
 BEGIN
-    FOR k IN SELECT u.key, count(*)::integer AS n
-               FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
-              GROUP BY u.key ORDER BY u.key
-    LOOP
-        UPDATE lease.key_slot t
-           SET active  = t.active  - CASE WHEN were_held THEN 0 ELSE k.n END,
-               waiting = t.waiting - CASE WHEN were_held THEN k.n ELSE 0 END
-         WHERE t.queue = _free_slots.queue AND t.key = k.key
-        RETURNING * INTO s;
-        admitted := admitted + lease._admit(queue, k.key, lim, s.active, s.waiting);
-    END LOOP;
+    -- Lock first, in key order: two calls over the same keys cannot deadlock.
+    PERFORM FROM lease.key_slot t
+      WHERE t.queue = _free_slots.queue AND t.key = ANY (keys)
+      ORDER BY t.key
+        FOR UPDATE;
+    WITH ended AS (
+        SELECT u.key, count(*)::integer AS n FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL GROUP BY u.key
+    )
+    UPDATE lease.key_slot t
+       SET active  = t.active  - CASE WHEN were_held THEN 0 ELSE e.n END,
+           waiting = t.waiting - CASE WHEN were_held THEN e.n ELSE 0 END
+      FROM ended e
+     WHERE t.queue = _free_slots.queue AND t.key = e.key;
+    admitted := lease._admit(queue, lim, keys);
     IF admitted > 0 THEN
         PERFORM lease.wake(queue, admitted);
     END IF;
@@ -157,22 +163,28 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    s record;
+    q record;
+    locked text[];
     n integer;
     admitted bigint := 0;
 BEGIN
     -- Keys with held rows and free slots: after a raised limit, or a row
     -- _admit skipped because a cancel that then rolled back held it.
-    FOR s IN SELECT k.queue, k.key, qu.concurrency, k.active, k.waiting
-               FROM lease.key_slot k JOIN lease.queue qu ON qu.name = k.queue
-              WHERE k.waiting > 0 AND (qu.concurrency IS NULL OR k.active < qu.concurrency)
-                AND (only_queue IS NULL OR k.queue = only_queue)
-              ORDER BY k.queue, k.key
-                FOR UPDATE OF k SKIP LOCKED
+    FOR q IN SELECT qu.name, qu.concurrency FROM lease.queue qu
+              WHERE (only_queue IS NULL OR qu.name = only_queue)
+                AND EXISTS (SELECT FROM lease.key_slot k WHERE k.queue = qu.name AND k.waiting > 0)
+              ORDER BY qu.name
     LOOP
-        n := lease._admit(s.queue, s.key, s.concurrency, s.active, s.waiting);
+        WITH open AS (
+            SELECT k.key FROM lease.key_slot k
+             WHERE k.queue = q.name AND k.waiting > 0 AND k.active < coalesce(q.concurrency, k.active + 1)
+             ORDER BY k.key
+               FOR UPDATE SKIP LOCKED
+        )
+        SELECT array_agg(o.key) INTO locked FROM open o;
+        n := lease._admit(q.name, q.concurrency, locked);
         IF n > 0 THEN
-            PERFORM lease.wake(s.queue, n);
+            PERFORM lease.wake(q.name, n);
             admitted := admitted + n;
         END IF;
     END LOOP;
