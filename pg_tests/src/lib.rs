@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod catalog;
 pub mod child;
 pub mod proxy;
 mod rng;
