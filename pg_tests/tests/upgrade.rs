@@ -8,7 +8,6 @@
 
 use pg_tests::catalog::catalog;
 use pg_tests::{scalar, Cluster, ClusterConfig};
-use tokio_postgres::Client;
 
 /// Installs 0.1.0 with a held lease, a named lease and an attached table,
 /// updates, and checks that the work goes on under the same tokens and that
