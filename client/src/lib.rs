@@ -14,6 +14,9 @@
 //!   the fencing epoch, on every exit path.
 //! * [`Elector`]: leader election on a named lease, stepping down before
 //!   the lease can expire, with the epoch for fencing the leader's writes.
+//! * [`Sweeper`]: the reaper's work (`lease.sweep()`) from the application,
+//!   for servers where the background reaper does not run; one replica
+//!   sweeps at a time, fenced by its named lease.
 //! * [`Error`]: one error type that tells a lost lease from a connection
 //!   problem from bad input.
 //!
@@ -55,6 +58,7 @@ mod error;
 mod lease;
 pub mod metrics;
 mod queue;
+mod sweeper;
 mod timing;
 mod transaction;
 mod worker;
@@ -69,6 +73,7 @@ pub use queue::{
     JobFilter, JobRecord, QueueMetrics, QueueOptions, QueueSettings, QueueStats, Reaped,
     ReaperStats, ScheduleOptions,
 };
+pub use sweeper::{Sweeper, SweeperConfig};
 pub use transaction::FencedTransaction;
 pub use worker::{
     BoxError, CancelReason, HandlerResult, Job, Summary, Worker, WorkerConfig, READY_CHANNEL,

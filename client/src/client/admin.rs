@@ -6,7 +6,7 @@ use tokio_postgres::Row;
 use super::rows::{col, count_arg, from_micros};
 use super::statements::Query;
 use super::Client;
-use crate::error::Result;
+use crate::error::{Error, Result, LEASE_LOST_SQLSTATE};
 use crate::lease::JobState;
 use crate::queue::{
     DeadLetter, ExtensionVersions, Holder, InFlight, JobFilter, JobRecord, QueueMetrics,
@@ -31,6 +31,29 @@ impl Client {
                     })
                 })
                 .collect()
+        })
+        .await
+    }
+
+    /// `lease.sweep`, fenced by named lease `name` at `epoch`: one
+    /// housekeeping pass (reap, schedules, purge, counters) that commits
+    /// only while `epoch` holds `name`; returns (recovered, purged).
+    /// [`Error::NamedLeaseLost`] (nothing changed) when it no longer does.
+    /// [`Sweeper`](crate::Sweeper) runs it. Needs `lease_admin`.
+    pub async fn sweep_fenced(&self, name: &str, epoch: i64, max_rows: u32) -> Result<(i64, i64)> {
+        let n = count_arg(max_rows, "max_rows")?;
+        self.call(|c| async move {
+            let row = c
+                .query_one(Query::SweepFenced, &[&name, &epoch, &n])
+                .await
+                .map_err(|e| match e.sqlstate() {
+                    Some(LEASE_LOST_SQLSTATE) => Error::NamedLeaseLost {
+                        name: name.to_owned(),
+                        epoch,
+                    },
+                    _ => e,
+                })?;
+            Ok((col(&row, 0)?, col(&row, 1)?))
         })
         .await
     }

@@ -42,6 +42,7 @@ pub(super) enum Query {
     Job,
     ExtensionVersions,
     Schedule,
+    SweepFenced,
     Unschedule,
 }
 
@@ -256,6 +257,14 @@ impl Query {
                 "SELECT lease.schedule(name => $1::text, queue => $2::text, cron => $3::text, every => ",
                 micros!("4"),
                 ", payload => $5::jsonb, priority => $6::int, missed => $7::text)"
+            ),
+            // One statement: if the fence fails, the sweep's work is rolled
+            // back with it; if it holds, its lock keeps the lease from a new
+            // holder until the sweep commits.
+            S::SweepFenced => concat!(
+                "SELECT s.recovered, s.purged ",
+                "FROM lease.fence_named(name => $1::text, epoch => $2::bigint) AS f, ",
+                "lease.sweep(max_rows => $3::int) AS s"
             ),
             S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
         }
