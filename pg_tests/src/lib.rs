@@ -30,6 +30,7 @@ pub mod catalog;
 pub mod child;
 pub mod proxy;
 mod rng;
+pub mod sql_install;
 pub mod workers;
 
 pub use rng::Rng;

@@ -8,11 +8,10 @@
 //! claim's epoch was 1, not the timeline's floor.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use pg_tests::catalog::catalog;
-use pg_tests::{pg_bin_dir, scalar, Cluster, SUPERUSER, TEST_DB};
+use pg_tests::sql_install::install_as_owner;
+use pg_tests::{scalar, Cluster, SUPERUSER};
 
 /// The non-superuser that owns the database of the install.
 const OWNER: &str = "sql_owner";
@@ -29,57 +28,6 @@ const STAND_INS: &[&str] = &[
     "_reaper_slot_shortages()",
     "_reaper_last_slot_shortage()",
 ];
-
-/// `bin/sql-install`'s script, from the extension script installed in the
-/// server under test.
-fn sql_install_script() -> String {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(root.join("bin/sql-install"))
-        .env("PG_CONFIG", pg_bin_dir().join("pg_config"))
-        .output()
-        .expect("run bin/sql-install");
-    assert!(
-        out.status.success(),
-        "bin/sql-install failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8")
-}
-
-/// Runs `script` through psql as `user` in `db`, stopping at the first error.
-fn psql_as(cluster: &Cluster, user: &str, db: &str, script: &str) {
-    let mut child = Command::new(pg_bin_dir().join("psql"))
-        .args(["-h", "127.0.0.1", "-p", &cluster.port().to_string()])
-        .args([
-            "-U",
-            user,
-            "-d",
-            db,
-            "-X",
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-f",
-            "-",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("psql");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(script.as_bytes())
-        .expect("write script");
-    let out = child.wait_with_output().expect("psql");
-    assert!(
-        out.status.success(),
-        "psql as {user} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// A catalog with the installing role's name made neutral, and without the
 /// facts the two installs differ in by design: the stand-ins' bodies, event
@@ -112,14 +60,7 @@ fn regex_word(word: &str) -> impl Fn(&str) -> String + '_ {
 async fn a_database_owner_installs_without_the_library_and_gets_the_same_catalog() {
     let primary = Cluster::start();
     // The roles exist: the extension's install in TEST_DB created them.
-    for statement in [
-        format!("CREATE ROLE {OWNER} LOGIN"),
-        format!("CREATE DATABASE {DB} OWNER {OWNER}"),
-        format!("GRANT lease_admin TO {OWNER}"),
-    ] {
-        primary.psql(TEST_DB, &statement);
-    }
-    psql_as(&primary, OWNER, DB, &sql_install_script());
+    install_as_owner(&primary, OWNER, DB);
 
     let extension = comparable(catalog(&primary.connect().await).await, SUPERUSER);
     let owner = primary.connect_to(DB, OWNER).await;
