@@ -14,7 +14,7 @@
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, sweep
+//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, reaper, sweep
 //! ```
 //!
 //! The extension must be installed into the PostgreSQL 15 that
@@ -24,6 +24,7 @@ mod cpu;
 mod keys;
 mod metrics;
 mod pgbench;
+mod reaper;
 mod report;
 mod scenarios;
 mod worker;
@@ -40,7 +41,7 @@ use crate::scenarios::{connect, Bench, Res, Size};
 
 const SECTIONS: &[&str] = &[
     "claim", "keys", "enqueue", "renew", "client", "worker", "latency", "metrics", "pinned",
-    "churn", "sweep",
+    "churn", "reaper", "sweep",
 ];
 
 struct Args {
@@ -191,6 +192,7 @@ fn run() -> Res<()> {
                 "metrics" => bench.metrics(&mut results).await?,
                 "pinned" => bench.pinned(&mut results).await?,
                 "churn" => bench.churn(&mut results).await?,
+                "reaper" => bench.reaper(&mut results).await?,
                 "sweep" => bench.sweep(&mut results).await?,
                 _ => {}
             }

@@ -49,6 +49,10 @@ pub struct Size {
     pub worker_rows: u64,
     /// Longest any single drain may take.
     pub deadline: Duration,
+    /// Idle databases of the reaper section (half with pg_lease).
+    pub idle_databases: u32,
+    /// Seconds of each of its quiet windows.
+    pub idle_seconds: u64,
 }
 
 impl Size {
@@ -66,6 +70,8 @@ impl Size {
             sweep_rows_per_client: 12_500,
             worker_rows: 200_000,
             deadline: Duration::from_secs(180),
+            idle_databases: 100,
+            idle_seconds: 30,
         }
     }
 
@@ -83,6 +89,8 @@ impl Size {
             sweep_rows_per_client: 200,
             worker_rows: 3_200,
             deadline: Duration::from_secs(60),
+            idle_databases: 4,
+            idle_seconds: 2,
         }
     }
 }

@@ -192,7 +192,7 @@ impl Bench {
         Ok(())
     }
 
-    async fn postmaster(&self) -> Res<u32> {
+    pub(crate) async fn postmaster(&self) -> Res<u32> {
         let pid = self.scalar_i64("SELECT pg_backend_pid()::bigint").await?;
         let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
