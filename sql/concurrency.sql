@@ -56,13 +56,14 @@ COMMENT ON FUNCTION lease._checked_concurrency_key(text, text) IS
     'Internal: returns KEY, or raises 22023 if it is empty or over 256 characters or QUEUE has no concurrency limit.';
 
 -- Admits held rows of KEYS into their free slots, in one statement for all
--- keys. The caller holds the keys' slot rows locked, which is what makes
--- the counts exact; LIM is the queue's limit (NULL: none).
-CREATE FUNCTION lease._admit(queue text, lim integer, keys text[]) RETURNS integer
+-- keys, and wakes idle workers if it admitted any. The caller holds the
+-- keys' slot rows locked, which is what makes the counts exact.
+CREATE FUNCTION lease._admit(queue text, keys text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _admit.queue);
     admitted integer;
 BEGIN
     -- Rows a concurrent cancel holds are skipped: if that cancel rolls
@@ -96,20 +97,20 @@ BEGIN
          WHERE t.queue = _admit.queue AND t.key = c.key
     )
     SELECT coalesce(sum(c.n), 0) INTO admitted FROM counted c;
+    IF admitted > 0 THEN
+        PERFORM lease.wake(queue, admitted);
+    END IF;
     RETURN admitted;
 END
 $$;
 
-COMMENT ON FUNCTION lease._admit(text, integer, text[]) IS
-    'Internal: admits held rows of the concurrency KEYS of QUEUE (per key: highest priority, then oldest first) into the slots limit LIM leaves free; returns how many. The caller holds the keys'' lease.key_slot rows locked.';
+COMMENT ON FUNCTION lease._admit(text, text[]) IS
+    'Internal: admits held rows of the concurrency KEYS of QUEUE (per key: highest priority, then oldest first) into their free slots and wakes idle workers; returns how many. The caller holds the keys'' lease.key_slot rows locked.';
 
 CREATE FUNCTION lease._hold(queue text, keys text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _hold.queue);
-    admitted integer;
 BEGIN
     -- Rows are inserted, and so locked, in key order.
     INSERT INTO lease.key_slot AS t (queue, key, waiting)
@@ -117,10 +118,7 @@ BEGIN
       FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
      GROUP BY u.key ORDER BY u.key
         ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = t.waiting + excluded.waiting;
-    admitted := lease._admit(queue, lim, keys);
-    IF admitted > 0 THEN
-        PERFORM lease.wake(queue, admitted);
-    END IF;
+    PERFORM lease._admit(queue, keys);
 END
 $$;
 
@@ -131,9 +129,6 @@ CREATE FUNCTION lease._free_slots(queue text, keys text[], were_held boolean DEF
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _free_slots.queue);
-    admitted integer;
 BEGIN
     -- Lock first, in key order: two calls over the same keys cannot deadlock.
     PERFORM FROM lease.key_slot t
@@ -148,10 +143,7 @@ BEGIN
            waiting = t.waiting - CASE WHEN were_held THEN e.n ELSE 0 END
       FROM ended e
      WHERE t.queue = _free_slots.queue AND t.key = e.key;
-    admitted := lease._admit(queue, lim, keys);
-    IF admitted > 0 THEN
-        PERFORM lease.wake(queue, admitted);
-    END IF;
+    PERFORM lease._admit(queue, keys);
 END
 $$;
 
@@ -165,7 +157,6 @@ AS $$
 DECLARE
     q record;
     locked text[];
-    n integer;
     admitted bigint := 0;
 BEGIN
     -- Keys with held rows and free slots: after a raised limit, or a row
@@ -182,11 +173,7 @@ BEGIN
                FOR UPDATE SKIP LOCKED
         )
         SELECT array_agg(o.key) INTO locked FROM open o;
-        n := lease._admit(q.name, q.concurrency, locked);
-        IF n > 0 THEN
-            PERFORM lease.wake(q.name, n);
-            admitted := admitted + n;
-        END IF;
+        admitted := admitted + lease._admit(q.name, locked);
     END LOOP;
     -- Keys with nothing admitted or held; a producer that is about to use
     -- one holds it locked, or re-creates it.

@@ -29,6 +29,8 @@ DECLARE
     t constant timestamptz := clock_timestamp();
     r record;
     q text;
+    step record;
+    done bigint;
     problem text;
     failures text[] := '{}';
 BEGIN
@@ -62,30 +64,22 @@ BEGIN
             END;
         END LOOP;
     END;
-    BEGIN
-        PERFORM lease._enqueue_due(n);
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('schedules: %s: %s', SQLSTATE, problem);
-    END;
-    BEGIN
-        purged := lease.purge(n);
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('purge: %s: %s', SQLSTATE, problem);
-    END;
-    BEGIN
-        PERFORM lease._top_up_slots();
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('concurrency slots: %s: %s', SQLSTATE, problem);
-    END;
-    BEGIN
-        PERFORM lease._fold_counters();
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('counters: %s: %s', SQLSTATE, problem);
-    END;
+    -- The other steps, each in a subtransaction of its own: one that fails
+    -- is recorded and stops none of the others. Each answers how many rows
+    -- it purged (only purge does).
+    FOR step IN SELECT * FROM (VALUES ('schedules', 'SELECT 0 FROM lease._enqueue_due($1)'),
+                                      ('purge', 'SELECT lease.purge($1)'),
+                                      ('concurrency slots', 'SELECT 0 FROM lease._top_up_slots()'),
+                                      ('counters', 'SELECT 0 FROM lease._fold_counters()')) AS v(name, call)
+    LOOP
+        BEGIN
+            EXECUTE step.call INTO done USING n;
+            purged := purged + coalesce(done, 0);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+            failures := failures || format('%s: %s: %s', step.name, SQLSTATE, problem);
+        END;
+    END LOOP;
     IF cardinality(failures) > 0 THEN
         -- Keep the reason where operators look (reaper_stats and the log).
         problem := array_to_string(failures, '; ');

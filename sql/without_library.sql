@@ -25,6 +25,9 @@ SELECT CASE WHEN pg_is_in_recovery() THEN NULL
        END
 $$;
 
+-- The two features SQL cannot do refuse the same way; each keeps the
+-- signature of the function it stands in for, and a shared helper would be
+-- a function the extension does not have (the catalogs must match).
 CREATE FUNCTION lease._cron_next(spec text, after double precision) RETURNS double precision
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp

@@ -2292,6 +2292,8 @@ DECLARE
     t constant timestamptz := clock_timestamp();
     r record;
     q text;
+    step record;
+    done bigint;
     problem text;
     failures text[] := '{}';
 BEGIN
@@ -2325,30 +2327,22 @@ BEGIN
             END;
         END LOOP;
     END;
-    BEGIN
-        PERFORM lease._enqueue_due(n);
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('schedules: %s: %s', SQLSTATE, problem);
-    END;
-    BEGIN
-        purged := lease.purge(n);
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('purge: %s: %s', SQLSTATE, problem);
-    END;
-    BEGIN
-        PERFORM lease._top_up_slots();
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('concurrency slots: %s: %s', SQLSTATE, problem);
-    END;
-    BEGIN
-        PERFORM lease._fold_counters();
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
-        failures := failures || format('counters: %s: %s', SQLSTATE, problem);
-    END;
+    -- The other steps, each in a subtransaction of its own: one that fails
+    -- is recorded and stops none of the others. Each answers how many rows
+    -- it purged (only purge does).
+    FOR step IN SELECT * FROM (VALUES ('schedules', 'SELECT 0 FROM lease._enqueue_due($1)'),
+                                      ('purge', 'SELECT lease.purge($1)'),
+                                      ('concurrency slots', 'SELECT 0 FROM lease._top_up_slots()'),
+                                      ('counters', 'SELECT 0 FROM lease._fold_counters()')) AS v(name, call)
+    LOOP
+        BEGIN
+            EXECUTE step.call INTO done USING n;
+            purged := purged + coalesce(done, 0);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+            failures := failures || format('%s: %s: %s', step.name, SQLSTATE, problem);
+        END;
+    END LOOP;
     IF cardinality(failures) > 0 THEN
         -- Keep the reason where operators look (reaper_stats and the log).
         problem := array_to_string(failures, '; ');
@@ -2695,11 +2689,12 @@ $$;
 COMMENT ON FUNCTION lease._checked_concurrency_key(text, text) IS
     'Internal: returns KEY, or raises 22023 if it is empty or over 256 characters or QUEUE has no concurrency limit.';
 
-CREATE OR REPLACE FUNCTION lease._admit(queue text, lim integer, keys text[]) RETURNS integer
+CREATE OR REPLACE FUNCTION lease._admit(queue text, keys text[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _admit.queue);
     admitted integer;
 BEGIN
     -- Rows a concurrent cancel holds are skipped: if that cancel rolls
@@ -2733,20 +2728,20 @@ BEGIN
          WHERE t.queue = _admit.queue AND t.key = c.key
     )
     SELECT coalesce(sum(c.n), 0) INTO admitted FROM counted c;
+    IF admitted > 0 THEN
+        PERFORM lease.wake(queue, admitted);
+    END IF;
     RETURN admitted;
 END
 $$;
 
-COMMENT ON FUNCTION lease._admit(text, integer, text[]) IS
-    'Internal: admits held rows of the concurrency KEYS of QUEUE (per key: highest priority, then oldest first) into the slots limit LIM leaves free; returns how many. The caller holds the keys'' lease.key_slot rows locked.';
+COMMENT ON FUNCTION lease._admit(text, text[]) IS
+    'Internal: admits held rows of the concurrency KEYS of QUEUE (per key: highest priority, then oldest first) into their free slots and wakes idle workers; returns how many. The caller holds the keys'' lease.key_slot rows locked.';
 
 CREATE OR REPLACE FUNCTION lease._hold(queue text, keys text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _hold.queue);
-    admitted integer;
 BEGIN
     -- Rows are inserted, and so locked, in key order.
     INSERT INTO lease.key_slot AS t (queue, key, waiting)
@@ -2754,10 +2749,7 @@ BEGIN
       FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
      GROUP BY u.key ORDER BY u.key
         ON CONFLICT ON CONSTRAINT key_slot_pkey DO UPDATE SET waiting = t.waiting + excluded.waiting;
-    admitted := lease._admit(queue, lim, keys);
-    IF admitted > 0 THEN
-        PERFORM lease.wake(queue, admitted);
-    END IF;
+    PERFORM lease._admit(queue, keys);
 END
 $$;
 
@@ -2768,9 +2760,6 @@ CREATE OR REPLACE FUNCTION lease._free_slots(queue text, keys text[], were_held 
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _free_slots.queue);
-    admitted integer;
 BEGIN
     -- Lock first, in key order: two calls over the same keys cannot deadlock.
     PERFORM FROM lease.key_slot t
@@ -2785,10 +2774,7 @@ BEGIN
            waiting = t.waiting - CASE WHEN were_held THEN e.n ELSE 0 END
       FROM ended e
      WHERE t.queue = _free_slots.queue AND t.key = e.key;
-    admitted := lease._admit(queue, lim, keys);
-    IF admitted > 0 THEN
-        PERFORM lease.wake(queue, admitted);
-    END IF;
+    PERFORM lease._admit(queue, keys);
 END
 $$;
 
@@ -2802,7 +2788,6 @@ AS $$
 DECLARE
     q record;
     locked text[];
-    n integer;
     admitted bigint := 0;
 BEGIN
     -- Keys with held rows and free slots: after a raised limit, or a row
@@ -2819,11 +2804,7 @@ BEGIN
                FOR UPDATE SKIP LOCKED
         )
         SELECT array_agg(o.key) INTO locked FROM open o;
-        n := lease._admit(q.name, q.concurrency, locked);
-        IF n > 0 THEN
-            PERFORM lease.wake(q.name, n);
-            admitted := admitted + n;
-        END IF;
+        admitted := admitted + lease._admit(q.name, locked);
     END LOOP;
     -- Keys with nothing admitted or held; a producer that is about to use
     -- one holds it locked, or re-creates it.
