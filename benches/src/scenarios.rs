@@ -286,7 +286,8 @@ impl Bench {
     ) -> Res<Drain> {
         let rows = Self::whole_cycles(batch, clients, rows);
         self.fill(side, rows).await?;
-        self.drain_filled(side, batch, clients, rows, pinned).await
+        self.drain_filled(side, batch, clients, (rows, 0), pinned)
+            .await
     }
 
     /// `rows` rounded up to whole pgbench cycles of `batch × clients`.
@@ -296,13 +297,14 @@ impl Bench {
     }
 
     /// The drain of [`Bench::pgbench_drain`], of rows already filled
-    /// (`rows` whole cycles).
+    /// (`rows` whole cycles), warning if more than `stay` rows are left
+    /// (rows filled besides them that the drain need not reach).
     pub(crate) async fn drain_filled(
         &self,
         side: Side,
         batch: u32,
         clients: u32,
-        rows: u64,
+        (rows, stay): (u64, u64),
         pinned: bool,
     ) -> Res<Drain> {
         let cycles = rows / (u64::from(batch) * u64::from(clients));
@@ -326,7 +328,7 @@ impl Bench {
         if let Some(pin) = pin {
             pin.batch_execute("COMMIT").await.map_err(pg)?;
         }
-        if after > 0 && !outcome.timed_out {
+        if after > stay && !outcome.timed_out {
             eprintln!(
                 "bench: {} batch {batch}: {after} of {rows} rows left after the drain",
                 side.name()

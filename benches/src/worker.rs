@@ -229,7 +229,9 @@ impl Bench {
         self.fill(Side::Hand, rows).await?;
         let postmaster = self.postmaster().await?;
         let before = Cpu::now(postmaster);
-        let drain = self.drain_filled(Side::Hand, 50, 16, rows, false).await?;
+        let drain = self
+            .drain_filled(Side::Hand, 50, 16, (rows, 0), false)
+            .await?;
         Ok(Measured {
             cpu: self.cpu_since(postmaster, before).await?,
             drain,

@@ -30,6 +30,8 @@ fn smoke_run_measures_every_scenario() {
         "Claim latency vs backlog",
         "Pinned xmin",
         "Sustained churn",
+        "Per-key concurrency",
+        "Reaper cost in idle databases",
         "Concurrency sweep",
     ] {
         assert!(
