@@ -116,6 +116,26 @@ pub struct ClusterConfig {
     pub create_extension: bool,
 }
 
+impl ClusterConfig {
+    /// The background reaper preloaded and sweeping every `sweep_interval`
+    /// (the tests use 100 ms or so), and the extension created.
+    pub fn with_reaper(sweep_interval: Duration) -> ClusterConfig {
+        ClusterConfig {
+            extra_conf: reaper_conf(sweep_interval),
+            ..ClusterConfig::default()
+        }
+    }
+}
+
+/// The settings of [`ClusterConfig::with_reaper`], for a configuration
+/// that needs more lines, or a standby's.
+pub fn reaper_conf(sweep_interval: Duration) -> Vec<String> {
+    vec![
+        "shared_preload_libraries = 'pg_lease'".into(),
+        format!("lease.sweep_interval = '{}ms'", sweep_interval.as_millis()),
+    ]
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {

@@ -19,13 +19,7 @@ use tokio::time::sleep;
 
 /// A cluster whose reaper sweeps every 100 ms.
 fn cluster_with_reaper() -> Cluster {
-    Cluster::start_with(ClusterConfig {
-        extra_conf: vec![
-            "shared_preload_libraries = 'pg_lease'".into(),
-            "lease.sweep_interval = '100ms'".into(),
-        ],
-        ..Default::default()
-    })
+    Cluster::start_with(ClusterConfig::with_reaper(Duration::from_millis(100)))
 }
 
 /// Claims up to `limit` rows of `queue`: (id, key, epoch).

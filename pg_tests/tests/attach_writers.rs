@@ -22,7 +22,7 @@ use pg_lease_client::{
     CancellationToken, Client, HandlerResult, Job, Outcome, Summary, Worker, WorkerConfig,
 };
 use pg_tests::workers::{self, stop};
-use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, reaper_conf, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::NoTls;
 
@@ -30,11 +30,11 @@ use tokio_postgres::NoTls;
 /// after 100 ms.
 fn cluster() -> Cluster {
     Cluster::start_with(ClusterConfig {
-        extra_conf: vec![
-            "shared_preload_libraries = 'pg_lease'".into(),
-            "lease.sweep_interval = '100ms'".into(),
-            "deadlock_timeout = '100ms'".into(),
-        ],
+        extra_conf: [
+            reaper_conf(Duration::from_millis(100)),
+            vec!["deadlock_timeout = '100ms'".into()],
+        ]
+        .concat(),
         ..Default::default()
     })
 }

@@ -27,13 +27,7 @@ const CLAIMERS: u64 = 6;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_key_ever_has_more_than_its_limit_leased() {
-    let cluster = Cluster::start_with(ClusterConfig {
-        extra_conf: vec![
-            "shared_preload_libraries = 'pg_lease'".into(),
-            "lease.sweep_interval = '200ms'".into(),
-        ],
-        ..ClusterConfig::default()
-    });
+    let cluster = Cluster::start_with(ClusterConfig::with_reaper(Duration::from_millis(200)));
     let conn = cluster.conn_string(TEST_DB);
     let admin = Client::connect(&conn).await.expect("client");
     admin

@@ -32,10 +32,7 @@ const NOT_STREAMING: &str =
 const SYNCHRONOUS: &str = "SELECT count(*) > 0 FROM pg_stat_replication WHERE sync_state = 'sync'";
 
 fn reaper_conf() -> Vec<String> {
-    vec![
-        "shared_preload_libraries = 'pg_lease'".into(),
-        "lease.sweep_interval = '100ms'".into(),
-    ]
+    pg_tests::reaper_conf(Duration::from_millis(100))
 }
 
 /// What the replicas were told by the primary.

@@ -681,13 +681,9 @@ const ALL_FAULTS: [Fault; 8] = [
 /// settle, stops everything and runs the checker.
 async fn run(p: Params) -> Outcome {
     let _serial = SERIAL.lock().await;
-    let cluster = Arc::new(Cluster::start_with(ClusterConfig {
-        extra_conf: vec![
-            "shared_preload_libraries = 'pg_lease'".into(),
-            format!("lease.sweep_interval = '{SWEEP_MS}ms'"),
-        ],
-        ..Default::default()
-    }));
+    let cluster = Arc::new(Cluster::start_with(ClusterConfig::with_reaper(
+        Duration::from_millis(SWEEP_MS),
+    )));
     let conn = cluster.conn_string(TEST_DB);
     let mut db = Db::new(conn.clone());
     cluster.psql(TEST_DB, SETUP);

@@ -14,13 +14,7 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// A cluster with the reaper on and sweeping every 100 ms.
 fn preloaded() -> Cluster {
-    Cluster::start_with(ClusterConfig {
-        extra_conf: vec![
-            "shared_preload_libraries = 'pg_lease'".into(),
-            "lease.sweep_interval = '100ms'".into(),
-        ],
-        ..Default::default()
-    })
+    Cluster::start_with(ClusterConfig::with_reaper(Duration::from_millis(100)))
 }
 
 /// Claims one row of `queue` with the given ttl; returns (id, epoch).

@@ -157,13 +157,7 @@ async fn concurrent_sweepers_enqueue_each_occurrence_once() {
 /// caller at all, one row per second.
 #[tokio::test]
 async fn the_reaper_runs_schedules_alone() {
-    let cluster = Cluster::start_with(ClusterConfig {
-        extra_conf: vec![
-            "shared_preload_libraries = 'pg_lease'".into(),
-            "lease.sweep_interval = '100ms'".into(),
-        ],
-        ..Default::default()
-    });
+    let cluster = Cluster::start_with(ClusterConfig::with_reaper(Duration::from_millis(100)));
     let pg = cluster.connect().await;
     pg.batch_execute(
         "SELECT lease.create_queue('ticks');

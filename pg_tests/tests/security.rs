@@ -9,15 +9,12 @@
 
 use std::time::Duration;
 
-use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, reaper_conf, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
 use tokio_postgres::Client;
 
 /// A cluster whose reaper sweeps every 100 ms, logging worker starts.
 fn preloaded(extra: &[&str]) -> Cluster {
-    let mut extra_conf = vec![
-        "shared_preload_libraries = 'pg_lease'".to_owned(),
-        "lease.sweep_interval = '100ms'".to_owned(),
-    ];
+    let mut extra_conf = reaper_conf(Duration::from_millis(100));
     extra_conf.extend(extra.iter().map(|s| (*s).to_owned()));
     Cluster::start_with(ClusterConfig {
         extra_conf,
