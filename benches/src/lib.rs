@@ -25,5 +25,6 @@ pub fn start_cluster() -> Cluster {
     Cluster::start_with(ClusterConfig {
         extra_conf: SETTINGS.iter().map(|s| (*s).to_owned()).collect(),
         create_extension: true,
+        sweep_every: None,
     })
 }

@@ -42,8 +42,8 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,30 @@ pub const POSTGRES_OS_USER: &str = "postgres";
 /// Database created in every cluster, so tests do not clutter the `postgres`
 /// maintenance database; [`Cluster::connect`] connects to it.
 pub const TEST_DB: &str = "pg_lease_test";
+
+/// Set to `sql` to run the tests against the install without the library
+/// (`bin/sql-install`): [`Cluster::start`] then has [`SQL_OWNER`], a role
+/// that is no superuser, own [`TEST_DB`] and install pg_lease there, tests
+/// connect as that role, and [`ClusterConfig::with_reaper`] runs a sweeper
+/// of the harness's instead of preloading the library.
+pub const INSTALL_ENV: &str = "PG_LEASE_INSTALL";
+
+/// The owner of [`TEST_DB`] who installs pg_lease without the library.
+pub const SQL_OWNER: &str = "lease_owner";
+
+/// Whether [`INSTALL_ENV`] asks for the install without the library.
+pub fn sql_install_mode() -> bool {
+    env::var(INSTALL_ENV).is_ok_and(|v| v == "sql")
+}
+
+/// The role tests connect as: the superuser, or [`SQL_OWNER`] in SQL mode.
+pub fn test_user() -> &'static str {
+    if sql_install_mode() {
+        SQL_OWNER
+    } else {
+        SUPERUSER
+    }
+}
 
 /// Name of the extension under test, created when
 /// [`ClusterConfig::create_extension`] is true.
@@ -114,12 +138,21 @@ pub struct ClusterConfig {
     /// default because almost every test needs it. Turn it off to test the
     /// harness itself or installation paths.
     pub create_extension: bool,
+    /// In SQL mode ([`INSTALL_ENV`]), `lease.sweep()` every this long from
+    /// a thread of the harness, standing in for the background reaper.
+    pub sweep_every: Option<Duration>,
 }
 
 impl ClusterConfig {
     /// The background reaper preloaded and sweeping every `sweep_interval`
     /// (the tests use 100 ms or so), and the extension created.
     pub fn with_reaper(sweep_interval: Duration) -> ClusterConfig {
+        if sql_install_mode() {
+            return ClusterConfig {
+                sweep_every: Some(sweep_interval),
+                ..ClusterConfig::default()
+            };
+        }
         ClusterConfig {
             extra_conf: reaper_conf(sweep_interval),
             ..ClusterConfig::default()
@@ -141,6 +174,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             extra_conf: Vec::new(),
             create_extension: true,
+            sweep_every: None,
         }
     }
 }
@@ -156,6 +190,8 @@ pub struct Cluster {
     port: u16,
     bin_dir: PathBuf,
     run_as: RunAs,
+    /// The harness's sweeper in SQL mode: its stop flag and thread.
+    sweeper: Option<(Arc<AtomicBool>, thread::JoinHandle<()>)>,
 }
 
 impl Cluster {
@@ -190,12 +226,13 @@ impl Cluster {
     /// Libpq/tokio-postgres connection string for database `db` as the
     /// superuser, e.g. `host=127.0.0.1 port=N user=postgres dbname=db`.
     pub fn conn_string(&self, db: &str) -> String {
-        self.conn_string_as(db, SUPERUSER)
+        self.conn_string_as(db, test_user())
     }
 
-    /// Connects to [`TEST_DB`] as the superuser; see [`Cluster::connect_to`].
+    /// Connects to [`TEST_DB`] as the superuser ([`SQL_OWNER`] in SQL
+    /// mode); see [`Cluster::connect_to`].
     pub async fn connect(&self) -> tokio_postgres::Client {
-        self.connect_to(TEST_DB, SUPERUSER).await
+        self.connect_to(TEST_DB, test_user()).await
     }
 
     /// Connects to database `db` as role `user` (trust auth, no password).
@@ -316,6 +353,7 @@ impl Cluster {
             port: 0,
             bin_dir: primary.bin_dir.clone(),
             run_as: primary.run_as,
+            sweeper: None,
         };
         standby.chown_data_dir()?;
         // -R writes primary_conninfo and standby.signal; -c fast skips the
@@ -373,6 +411,7 @@ impl Cluster {
             port: 0,
             bin_dir,
             run_as,
+            sweeper: None,
         };
         cluster.chown_data_dir()?;
         cluster.initdb()?;
@@ -380,7 +419,12 @@ impl Cluster {
         cluster
             .try_psql("postgres", &format!("CREATE DATABASE {TEST_DB}"))
             .map_err(|err| format!("could not create database {TEST_DB}: {err}"))?;
-        if config.create_extension {
+        if config.create_extension && sql_install_mode() {
+            cluster.install_without_library()?;
+            if let Some(every) = config.sweep_every {
+                cluster.sweeper = Some(spawn_sweeper(cluster.conn_string(TEST_DB), every));
+            }
+        } else if config.create_extension {
             cluster
                 .try_psql(TEST_DB, &format!("CREATE EXTENSION {EXTENSION}"))
                 .map_err(|err| {
@@ -391,6 +435,30 @@ impl Cluster {
                 })?;
         }
         Ok(cluster)
+    }
+
+    /// SQL mode: [`SQL_OWNER`] owns [`TEST_DB`] and installs pg_lease there
+    /// with `bin/sql-install`'s script, the roles created first as an
+    /// operator would.
+    fn install_without_library(&self) -> Result<(), String> {
+        for statement in [
+            "DO $$ BEGIN
+                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_worker') THEN
+                     CREATE ROLE lease_worker NOLOGIN;
+                 END IF;
+                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_admin') THEN
+                     CREATE ROLE lease_admin NOLOGIN IN ROLE lease_worker;
+                 END IF;
+             END $$"
+                .to_owned(),
+            format!("CREATE ROLE {SQL_OWNER} LOGIN"),
+            format!("ALTER DATABASE {TEST_DB} OWNER TO {SQL_OWNER}"),
+            format!("GRANT lease_admin TO {SQL_OWNER}"),
+        ] {
+            self.try_psql(TEST_DB, &statement)?;
+        }
+        sql_install::psql_as(self, SQL_OWNER, TEST_DB, &sql_install::script());
+        Ok(())
     }
 
     fn initdb(&self) -> Result<(), String> {
@@ -593,6 +661,10 @@ impl Drop for Cluster {
     /// Stops the server (immediate mode: the data is thrown away anyway) and
     /// deletes the data directory. Never panics; problems go to stderr.
     fn drop(&mut self) {
+        if let Some((stop, thread)) = self.sweeper.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = thread.join();
+        }
         if thread::panicking() {
             eprintln!(
                 "pg_tests: test panicked; server.log of cluster on port {} (last {LOG_TAIL_LINES} lines):\n{}",
@@ -893,6 +965,43 @@ fn conn_value(value: &str) -> String {
     }
     let escaped = value.replace('\\', "\\\\").replace('\'', "\\'");
     format!("'{escaped}'")
+}
+
+/// SQL mode's stand-in for the reaper: `lease.sweep()` every `every` as the
+/// test role, on a connection of its own (opened again after a restart),
+/// until the flag is set.
+fn spawn_sweeper(conn: String, every: Duration) -> (Arc<AtomicBool>, thread::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let thread = thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            eprintln!("pg_tests: no runtime for the sweeper");
+            return;
+        };
+        runtime.block_on(async move {
+            let mut client: Option<tokio_postgres::Client> = None;
+            while !flag.load(Ordering::Relaxed) {
+                if client.as_ref().is_none_or(|c| c.is_closed()) {
+                    client = match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
+                        Ok((c, connection)) => {
+                            tokio::spawn(connection);
+                            Some(c)
+                        }
+                        Err(_) => None,
+                    };
+                }
+                if let Some(c) = &client {
+                    // A failed sweep is retried at the next tick, as the reaper would.
+                    let _ = c.batch_execute("SELECT lease.sweep()").await;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+    });
+    (stop, thread)
 }
 
 #[cfg(test)]

@@ -427,10 +427,8 @@ async fn client_wrappers_follow_the_sql_reference() {
     );
 
     // No grant: permission denied, not a connection problem.
-    admin
-        .batch_execute("CREATE ROLE outsider LOGIN")
-        .await
-        .expect("create role");
+    // An operator's step (the test role may not be a superuser).
+    cluster.psql(TEST_DB, "CREATE ROLE outsider LOGIN");
     let outsider = Client::connect(&format!(
         "host=127.0.0.1 port={} user=outsider dbname={TEST_DB}",
         cluster.port()

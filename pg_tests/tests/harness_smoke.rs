@@ -88,6 +88,7 @@ async fn clusters_are_independent() {
     let config = ClusterConfig {
         create_extension: false,
         extra_conf: vec!["application_name = 'harness_smoke'".into()],
+        ..Default::default()
     };
     let a = Cluster::start_with(config.clone());
     let b = Cluster::start_with(config);

@@ -43,6 +43,7 @@ async fn pg_cron_sweeping_as_the_owner_recovers_expired_leases() {
         ],
         // No CREATE EXTENSION pg_lease anywhere: the library is never loaded.
         create_extension: false,
+        ..Default::default()
     });
     cluster.psql(pg_tests::TEST_DB, "CREATE EXTENSION pg_cron");
     install_as_owner(&cluster, OWNER, DB);

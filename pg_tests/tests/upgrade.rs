@@ -17,6 +17,7 @@ async fn an_update_from_0_1_0_keeps_leases_and_equals_a_fresh_install() {
     let cluster = Cluster::start_with(ClusterConfig {
         extra_conf: vec!["shared_preload_libraries = 'pg_lease'".into()],
         create_extension: false,
+        ..Default::default()
     });
     let pg = cluster.connect().await;
     // 0.1.0's attach never worked on PostgreSQL 16 and later (it relied on
