@@ -441,22 +441,17 @@ impl Cluster {
     /// with `bin/sql-install`'s script, the roles created first as an
     /// operator would.
     fn install_without_library(&self) -> Result<(), String> {
-        for statement in [
-            "DO $$ BEGIN
-                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_worker') THEN
-                     CREATE ROLE lease_worker NOLOGIN;
-                 END IF;
-                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_admin') THEN
-                     CREATE ROLE lease_admin NOLOGIN IN ROLE lease_worker;
-                 END IF;
-             END $$"
-                .to_owned(),
-            format!("CREATE ROLE {SQL_OWNER} LOGIN"),
-            format!("ALTER DATABASE {TEST_DB} OWNER TO {SQL_OWNER}"),
-            format!("GRANT lease_admin TO {SQL_OWNER}"),
-        ] {
-            self.try_psql(TEST_DB, &statement)?;
-        }
+        self.try_psql(
+            TEST_DB,
+            &format!(
+                "SET pg_tests.owner = '{SQL_OWNER}'; {}",
+                sql_install::OPERATOR_SQL
+            ),
+        )?;
+        self.try_psql(
+            TEST_DB,
+            &format!("ALTER DATABASE {TEST_DB} OWNER TO {SQL_OWNER}"),
+        )?;
         sql_install::psql_as(self, SQL_OWNER, TEST_DB, &sql_install::script());
         Ok(())
     }

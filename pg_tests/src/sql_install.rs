@@ -59,26 +59,29 @@ pub fn psql_as(cluster: &Cluster, user: &str, db: &str, sql: &str) {
     );
 }
 
-/// Creates login role `owner` (no other attribute) and database `db` owned
-/// by it, makes `owner` a `lease_admin` (creating the two roles first if
-/// they are missing, as an operator would), and installs pg_lease there as
-/// `owner` with [`script`].
+/// An operator's part of the install, as the superuser: pg_lease's two
+/// roles if they are missing, and login role `owner` (no other attribute)
+/// made a `lease_admin`.
+pub const OPERATOR_SQL: &str = "DO $$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_worker') THEN
+            CREATE ROLE lease_worker NOLOGIN;
+        END IF;
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_admin') THEN
+            CREATE ROLE lease_admin NOLOGIN IN ROLE lease_worker;
+        END IF;
+        EXECUTE format('CREATE ROLE %I LOGIN IN ROLE lease_admin', current_setting('pg_tests.owner'));
+    END $$";
+
+/// [`OPERATOR_SQL`] for `owner`, then database `db` owned by `owner`, where
+/// `owner` installs pg_lease with [`script`].
 pub fn install_as_owner(cluster: &Cluster, owner: &str, db: &str) {
-    for statement in [
-        "DO $$ BEGIN
-             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_worker') THEN
-                 CREATE ROLE lease_worker NOLOGIN;
-             END IF;
-             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_admin') THEN
-                 CREATE ROLE lease_admin NOLOGIN IN ROLE lease_worker;
-             END IF;
-         END $$"
-            .to_owned(),
-        format!("CREATE ROLE {owner} LOGIN"),
-        format!("CREATE DATABASE {db} OWNER {owner}"),
-        format!("GRANT lease_admin TO {owner}"),
-    ] {
-        cluster.psql(crate::TEST_DB, &statement);
-    }
+    cluster.psql(
+        crate::TEST_DB,
+        &format!("SET pg_tests.owner = '{owner}'; {OPERATOR_SQL}"),
+    );
+    cluster.psql(
+        crate::TEST_DB,
+        &format!("CREATE DATABASE {db} OWNER {owner}"),
+    );
     psql_as(cluster, owner, db, &script());
 }
