@@ -325,13 +325,16 @@ BEGIN
                    FROM unnest(updated_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
         PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
     END LOOP;
-    -- Rows that went back to pending keep their slots.
+    -- The deleted rows and those the UPDATE ended give up their slots; rows
+    -- that went back to pending keep theirs.
     IF keyed THEN
         PERFORM lease._free_slots_of(
-        coalesce(gone_queues, '{}') || ARRAY(SELECT m.queue FROM unnest(updated_queues, states) AS m(queue, state)
-                                               WHERE m.state <> 'pending'),
-        coalesce(gone_keys, '{}') || ARRAY(SELECT m.key FROM unnest(updated_keys, states) AS m(key, state)
-                                             WHERE m.state <> 'pending'));
+            coalesce(gone_queues, '{}')
+                || ARRAY(SELECT m.queue FROM unnest(updated_queues, states) AS m(queue, state)
+                          WHERE m.state <> 'pending'),
+            coalesce(gone_keys, '{}')
+                || ARRAY(SELECT m.key FROM unnest(updated_keys, states) AS m(key, state)
+                          WHERE m.state <> 'pending'));
     END IF;
     RETURN QUERY
     SELECT w.id, (w.id, w.epoch) IN (SELECT * FROM unnest(gone, gone_epochs))
