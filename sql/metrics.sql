@@ -170,6 +170,16 @@ BEGIN
                dead    = c.dead + excluded.dead
     )
     SELECT count(*) INTO fixed FROM off;
+    -- The concurrency slots as the rows say, then whatever they now admit.
+    DELETE FROM lease.key_slot;
+    INSERT INTO lease.key_slot (queue, key, active, waiting)
+    SELECT j.queue, j.concurrency_key,
+           count(*) FILTER (WHERE j.state IN ('pending', 'leased') AND NOT j.held),
+           count(*) FILTER (WHERE j.state = 'pending' AND j.held)
+      FROM lease.job j
+     WHERE j.concurrency_key IS NOT NULL AND j.state IN ('pending', 'leased')
+     GROUP BY j.queue, j.concurrency_key;
+    PERFORM lease._top_up_slots();
     RETURN fixed;
 END
 $$;
@@ -177,6 +187,7 @@ $$;
 COMMENT ON FUNCTION lease.recount() IS
 $$Admin: recounts the pending and dead rows of every queue (O(rows), locks out writers of lease.job
 while it runs) and corrects lease.metrics' gauges where they differ; returns how many queues needed it.
+Rebuilds the concurrency slots (lease.key_slot) from the rows too, and admits held rows they leave room for.
 Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
 
 -- Per priority of QUEUE's pending rows: the earliest next_at at the head of

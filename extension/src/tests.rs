@@ -1528,4 +1528,19 @@ mod tests {
             "SELECT concurrency = 1 FROM lease.queue WHERE name = 'c'"
         ));
     }
+
+    /// Failed before recount rebuilt the slots: it left a corrupted count
+    /// as it was, and the held row waited behind a slot nobody held.
+    #[pg_test]
+    fn recount_rebuilds_the_concurrency_slots() {
+        run("SELECT lease.create_queue('c', concurrency => 1)");
+        run("SELECT lease.enqueue('c', '{}', concurrency_key => 'a') FROM generate_series(1, 2)");
+        // A row edited behind the functions' back: the admitted one is gone.
+        run("DELETE FROM lease.job WHERE NOT held");
+        assert_eq!(slots("a"), (0, 0, 1));
+        assert!(!slots_agree());
+        run("SELECT lease.recount()");
+        assert_eq!(slots("a"), (1, 0, 0), "the held row is admitted");
+        assert!(slots_agree());
+    }
 }
