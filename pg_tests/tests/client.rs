@@ -566,30 +566,31 @@ async fn early_return_error_and_panic_leave_no_claim_behind() {
     }
     let seen: Arc<Mutex<HashMap<i64, Vec<i64>>>> = Arc::default();
     let handler_seen = Arc::clone(&seen);
-    let worker = Worker::new(
-        c.clone(),
-        config("exits", "w", secs(60)),
-        move |job: Job| {
-            let seen = Arc::clone(&handler_seen);
-            async move {
-                let first = {
-                    let mut seen = seen.lock().expect("seen");
-                    let epochs = seen.entry(job.lease().id()).or_default();
-                    epochs.push(job.lease().epoch());
-                    epochs.len() == 1
-                };
-                if !first {
-                    return Ok(Outcome::Done);
-                }
-                match job.payload()["mode"].as_str() {
-                    Some("return") => Ok(Outcome::Abandon),
-                    Some("error") => Err("boom".into()),
-                    Some("panic") => panic!("kaboom"),
-                    _ => Ok(Outcome::Done),
-                }
+    // Not a test of timeouts. The exact totals below failed once in CI
+    // under load; the likely cause: a release outlived config()'s 1 s
+    // timeout, was retried, refused (it had committed) and counted lost.
+    let mut cfg = config("exits", "w", secs(60));
+    cfg.request_timeout = secs(10);
+    let worker = Worker::new(c.clone(), cfg, move |job: Job| {
+        let seen = Arc::clone(&handler_seen);
+        async move {
+            let first = {
+                let mut seen = seen.lock().expect("seen");
+                let epochs = seen.entry(job.lease().id()).or_default();
+                epochs.push(job.lease().epoch());
+                epochs.len() == 1
+            };
+            if !first {
+                return Ok(Outcome::Done);
             }
-        },
-    );
+            match job.payload()["mode"].as_str() {
+                Some("return") => Ok(Outcome::Abandon),
+                Some("error") => Err("boom".into()),
+                Some("panic") => panic!("kaboom"),
+                _ => Ok(Outcome::Done),
+            }
+        }
+    });
     let (shutdown, handle) = spawn(worker);
     until("every row runs twice", secs(10), || async {
         let seen = seen.lock().expect("seen");
@@ -620,7 +621,8 @@ async fn early_return_error_and_panic_leave_no_claim_behind() {
             summary.abandoned,
             summary.panicked
         ),
-        (6, 3, 2, 1, 1)
+        (6, 3, 2, 1, 1),
+        "{summary:?}"
     );
 }
 
