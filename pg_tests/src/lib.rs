@@ -308,13 +308,21 @@ impl Cluster {
 
     /// Starts a streaming standby of `primary`: a `pg_basebackup -R` copy
     /// (so it has [`TEST_DB`] and the extension) in its own data directory,
-    /// on its own port, with `extra_conf` appended to its configuration.
+    /// on its own port, with `config.extra_conf` appended to its
+    /// configuration and, in SQL mode, the harness's sweeper if
+    /// `config.sweep_every` asks (its sweeps fail until a promotion, as a
+    /// standby's reaper waits for one).
     ///
     /// Replication is asynchronous unless the primary names the standby in
     /// `synchronous_standby_names`. Panics with a clear message on failure.
-    pub fn start_standby(primary: &Cluster, extra_conf: &[String]) -> Cluster {
-        match Cluster::try_start_standby(primary, extra_conf) {
-            Ok(cluster) => cluster,
+    pub fn start_standby(primary: &Cluster, config: &ClusterConfig) -> Cluster {
+        match Cluster::try_start_standby(primary, &config.extra_conf) {
+            Ok(mut standby) => {
+                if let (true, Some(every)) = (sql_install_mode(), config.sweep_every) {
+                    standby.sweeper = Some(spawn_sweeper(standby.conn_string(TEST_DB), every));
+                }
+                standby
+            }
             Err(err) => panic!("pg_tests: could not start a standby: {err}"),
         }
     }

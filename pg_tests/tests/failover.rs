@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use pg_lease_client::{CancellationToken, Outcome, Worker, WorkerConfig};
-use pg_tests::{eventually, Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, test_user, Cluster, ClusterConfig, SUPERUSER, TEST_DB};
 use tokio_postgres::Client;
 
 const ROWS: i64 = 4000;
@@ -31,8 +31,16 @@ const NOT_STREAMING: &str =
     "SELECT count(*) = 0 FROM pg_stat_replication WHERE state = 'streaming'";
 const SYNCHRONOUS: &str = "SELECT count(*) > 0 FROM pg_stat_replication WHERE sync_state = 'sync'";
 
-fn reaper_conf() -> Vec<String> {
-    pg_tests::reaper_conf(Duration::from_millis(100))
+/// Primary and standby alike: the reaper (or, in SQL mode, the harness's
+/// sweeper) every 100 ms.
+fn with_reaper() -> ClusterConfig {
+    ClusterConfig::with_reaper(Duration::from_millis(100))
+}
+
+/// The operator's connection, for replication settings and views (in SQL
+/// mode the test role may not set or read them).
+async fn operator(cluster: &Cluster) -> Client {
+    cluster.connect_to(TEST_DB, SUPERUSER).await
 }
 
 /// What the replicas were told by the primary.
@@ -185,13 +193,10 @@ async fn drain(client: &Client) -> Vec<(i64, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
-    let primary = Cluster::start_with(ClusterConfig {
-        extra_conf: reaper_conf(),
-        ..Default::default()
-    });
+    let primary = Cluster::start_with(with_reaper());
     setup_queue(&primary.connect().await).await;
-    let standby = Cluster::start_standby(&primary, &reaper_conf());
-    let watch = primary.connect().await;
+    let standby = Cluster::start_standby(&primary, &with_reaper());
+    let watch = operator(&primary).await;
     eventually(&watch, STREAMING, WAIT).await;
 
     let acked = Arc::new(Mutex::new(Acked::default()));
@@ -204,7 +209,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
     )
     .await;
     let before_cut = acked.lock().expect("acked").claims.len();
-    let on_standby = standby.connect_to("postgres", "postgres").await;
+    let on_standby = standby.connect_to("postgres", SUPERUSER).await;
     for sql in [
         "ALTER SYSTEM SET primary_conninfo = ''",
         "SELECT pg_reload_conf()",
@@ -364,7 +369,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
 /// streams: a primary that waits for a standby that does not exist yet
 /// never commits anything.
 async fn make_synchronous(primary: &Cluster) {
-    let watch = primary.connect().await;
+    let watch = operator(&primary).await;
     for sql in [
         "ALTER SYSTEM SET synchronous_standby_names = '*'",
         "SELECT pg_reload_conf()",
@@ -376,12 +381,9 @@ async fn make_synchronous(primary: &Cluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sync_failover_loses_no_acknowledged_change() {
-    let primary = Cluster::start_with(ClusterConfig {
-        extra_conf: reaper_conf(),
-        ..Default::default()
-    });
+    let primary = Cluster::start_with(with_reaper());
     setup_queue(&primary.connect().await).await;
-    let standby = Cluster::start_standby(&primary, &reaper_conf());
+    let standby = Cluster::start_standby(&primary, &with_reaper());
     make_synchronous(&primary).await;
 
     // The primary dies in the middle of the load: whatever was in flight
@@ -460,10 +462,7 @@ async fn sync_failover_loses_no_acknowledged_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_follows_the_promoted_standby() {
     const JOBS: i64 = 400;
-    let primary = Cluster::start_with(ClusterConfig {
-        extra_conf: reaper_conf(),
-        ..Default::default()
-    });
+    let primary = Cluster::start_with(with_reaper());
     primary
         .connect()
         .await
@@ -473,7 +472,7 @@ async fn a_worker_follows_the_promoted_standby() {
         ))
         .await
         .expect("queue");
-    let standby = Cluster::start_standby(&primary, &reaper_conf());
+    let standby = Cluster::start_standby(&primary, &with_reaper());
     // Synchronous: with asynchronous replication a fenced write that the old
     // primary acknowledged can be lost while the claim it was made under
     // survived, and the worker then rightly finishes the row on the new
@@ -482,10 +481,11 @@ async fn a_worker_follows_the_promoted_standby() {
     make_synchronous(&primary).await;
 
     let both = format!(
-        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname={TEST_DB} \
+        "host=127.0.0.1,127.0.0.1 port={},{} user={} dbname={TEST_DB} \
          target_session_attrs=read-write connect_timeout=2",
         primary.port(),
-        standby.port()
+        standby.port(),
+        test_user()
     );
     let client = pg_lease_client::Client::connect(&both)
         .await

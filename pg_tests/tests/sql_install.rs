@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use pg_tests::catalog::catalog;
 use pg_tests::sql_install::install_as_owner;
-use pg_tests::{scalar, Cluster, SUPERUSER};
+use pg_tests::{scalar, Cluster, ClusterConfig, SUPERUSER};
 
 /// The non-superuser that owns the database of the install.
 const OWNER: &str = "sql_owner";
@@ -111,7 +111,7 @@ async fn a_database_owner_installs_without_the_library_and_gets_the_same_catalog
 
     // A promotion raises the floor: the next claim's epoch is above every
     // epoch the old primary could have issued.
-    let standby = Cluster::start_standby(&primary, &[]);
+    let standby = Cluster::start_standby(&primary, &ClusterConfig::default());
     let replica = standby.connect_to(DB, OWNER).await;
     pg_tests::eventually(
         &replica,
