@@ -300,8 +300,9 @@ The caller must own the table and be a lease_admin. Errors: 22004 table or pendi
 such order_by column; 0A000 order_by not a time or integer type;
 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
 already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
-over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner or no CREATE on its
-schema (with on_dead/on_cancel); 42601, 42703: a bad on_dead/on_cancel; 42723 the outcome function's name
+over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner, no CREATE on its
+schema (with on_dead/on_cancel, and always without the library) or, without the library, the installing role
+has no SELECT and UPDATE on it; 42601, 42703: a bad on_dead/on_cancel; 42723 the outcome function's name
 is taken; 22023 bad queue option.$$;
 
 CREATE FUNCTION lease._check_table_owner(rel regclass) RETURNS void
@@ -333,6 +334,15 @@ BEGIN
     -- Callable by any lease_admin, so it checks for itself what lease.attach
     -- established: the calling role owns the table.
     PERFORM lease._check_table_owner(rel);
+    -- Releases, fenced writes and the reaper lock the table's rows as the
+    -- extension's owner, this function's user: a superuser with the
+    -- library, the installing role without it, whom the table's owner must
+    -- grant as much (a release refused later would strand the lease).
+    IF NOT (has_table_privilege(rel, 'SELECT') AND has_table_privilege(rel, 'UPDATE')) THEN
+        RAISE EXCEPTION 'role "%", which owns pg_lease, may not read and lock the rows of %', current_user, rel
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('As the table''s owner: GRANT SELECT, UPDATE ON %s TO %I;', rel, current_user);
+    END IF;
     IF EXISTS (SELECT FROM lease.attachment a WHERE a.rel = _attach_register.rel) THEN
         RAISE EXCEPTION 'table % is already attached', rel USING ERRCODE = 'duplicate_object';
     END IF;
@@ -372,7 +382,8 @@ COMMENT ON FUNCTION lease._attach_register(regclass, text, smallint, smallint, t
 $$Internal part of lease.attach that needs the extension owner's rights: creates the queue, records the
 attachment (with its outcome function, which must be a SECURITY DEFINER function of the table's owner) and
 makes the EXISTING keys claimable with their RANKS. Granted to lease_admin because lease.attach runs as
-its caller; refuses (42501) unless the calling role owns the table. Errors: 42710 the table is attached
+its caller; refuses (42501) unless the calling role owns the table and the extension's owner may read and
+update it (installs without the library). Errors: 42710 the table is attached
 or the queue exists; 22023 bad queue option.$$;
 
 CREATE FUNCTION lease.detach("table" regclass) RETURNS bigint
@@ -381,11 +392,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     fn regprocedure;
+    match regprocedure;
     removed bigint;
 BEGIN
     IF "table" IS NULL THEN
         RAISE EXCEPTION 'table must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- Without the library the triggers' WHEN clauses call the predicate's
+    -- function of the table's (sql/without_library.sql): it goes with them.
+    SELECT p.oid INTO match
+      FROM pg_trigger t
+      JOIN pg_depend d ON d.classid = 'pg_trigger'::regclass AND d.objid = t.oid
+                      AND d.refclassid = 'pg_proc'::regclass
+      JOIN pg_proc p ON p.oid = d.refobjid
+      JOIN pg_class c ON c.oid = t.tgrelid
+     WHERE t.tgrelid = "table" AND t.tgname = 'pg_lease_start'
+       AND p.pronamespace = c.relnamespace AND p.proname = left(c.relname || '_pg_lease_match', 63)
+       AND p.pronargs = 1 AND p.proargtypes[0] = 'jsonb'::regtype;
     -- Dropping the triggers needs the caller to own the table.
     EXECUTE format('DROP TRIGGER IF EXISTS pg_lease_start ON %1$s;
                     DROP TRIGGER IF EXISTS pg_lease_stop ON %1$s;
@@ -398,12 +421,16 @@ BEGIN
     IF fn IS NOT NULL THEN
         EXECUTE format('DROP FUNCTION IF EXISTS %s', fn);
     END IF;
+    IF match IS NOT NULL THEN
+        EXECUTE format('DROP FUNCTION %s', match);
+    END IF;
     RETURN removed;
 END
 $$;
 
 COMMENT ON FUNCTION lease.detach(regclass) IS
-$$Undoes lease.attach on TABLE: drops its triggers, its outcome function (on_dead/on_cancel), its queue and
+$$Undoes lease.attach on TABLE: drops its triggers, its outcome function (on_dead/on_cancel), its predicate's
+function (installs without the library), its queue and
 every lease.job row of it (held leases end), and returns how many rows were removed. The domain table's data is not touched. The caller must
 own the table. Errors: 22004 table NULL; 42704 not attached; 42501 not the table's owner.$$;
 

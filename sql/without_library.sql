@@ -8,8 +8,10 @@
 --   * the background reaper (run lease.sweep() from pg_cron, cron, or the
 --     client's Sweeper instead);
 --   * cron expressions in lease.schedule (intervals work);
---   * lease.attach (its triggers' WHEN clauses are printed from the
---     predicate's parse tree, which SQL cannot reach);
+--   * lease.attach's WHEN clauses inline: they call a function of the
+--     table's instead (below), which every write of an attached table pays
+--     for, and the caller needs CREATE on the table's schema;
+--   * DROP TABLE detaching (an event trigger's work): detach first;
 --   * an epoch floor on a standby (it answers NULL there; a standby issues
 --     no epochs anyway).
 
@@ -25,9 +27,10 @@ SELECT CASE WHEN pg_is_in_recovery() THEN NULL
        END
 $$;
 
--- The two features SQL cannot do refuse the same way; each keeps the
--- signature of the function it stands in for, and a shared helper would be
--- a function the extension does not have (the catalogs must match).
+-- Cron expressions, which SQL cannot parse, refuse the same way in both
+-- stand-ins; each keeps the signature of the function it stands in for,
+-- and a shared helper would be a function the extension does not have (the
+-- catalogs must match).
 CREATE FUNCTION lease._cron_next(spec text, after double precision) RETURNS double precision
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
@@ -48,14 +51,44 @@ BEGIN
 END
 $$;
 
+-- lease.attach's triggers test the predicate over NEW and OLD in their WHEN
+-- clauses. SQL cannot print the parsed predicate again with its columns
+-- qualified, so the predicate goes, as PostgreSQL printed the view
+-- `SELECT <predicate> AS m FROM <table>`, into a function of the table's
+-- (<table>_pg_lease_match(jsonb) in its schema, created by the caller, who
+-- owns the table): its FROM is the row handed over as jsonb, under the
+-- table's name, so qualified and bare column names both resolve. The WHEN
+-- clauses call it; lease.detach drops it.
 CREATE FUNCTION lease._qualified_predicate(view oid, "table" oid, alias text) RETURNS text
-LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql VOLATILE STRICT PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    -- Both printed under this function's search_path, so they qualify the
+    -- table alike.
+    printed text := rtrim(pg_get_viewdef(view), E'; \n');
+    source constant text := "table"::regclass::text;
+    relname name;
+    fn text;
+    head text;
 BEGIN
-    RAISE EXCEPTION 'lease.attach needs the pg_lease library'
-        USING ERRCODE = 'feature_not_supported',
-              HINT = 'Enqueue rows into a queue instead, or install the extension with its library.';
+    SELECT c.relname, format('%I.%I', n.nspname, left(c.relname || '_pg_lease_match', 63))
+      INTO relname, fn
+      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = "table";
+    head := rtrim(left(printed, -length('FROM ' || source)), E' \n');
+    IF right(printed, length('FROM ' || source)) <> 'FROM ' || source
+       OR ltrim(head) NOT LIKE 'SELECT %' OR right(head, 5) <> ' AS m' THEN
+        RAISE EXCEPTION 'unexpected definition of the predicate view: %', printed
+            USING ERRCODE = 'internal_error';
+    END IF;
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s(r jsonb) RETURNS boolean
+                    LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+                    AS %L', fn,
+                   format('%s FROM jsonb_populate_record(NULL::%s, r) AS %I', left(head, -5), source, relname));
+    EXECUTE format('COMMENT ON FUNCTION %s(jsonb) IS %L', fn,
+                   format('pg_lease: the pending predicate of %s, for the WHEN clauses of its triggers (install without the library). Dropped by lease.detach.', source));
+    RETURN format('%s(to_jsonb(%s))', fn, upper(alias));
 END
 $$;
 

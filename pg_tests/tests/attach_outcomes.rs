@@ -9,14 +9,18 @@
 
 use std::time::Duration;
 
-use pg_tests::{scalar, sqlstate, Cluster, TEST_DB};
+use pg_tests::{scalar, sqlstate, test_user, Cluster, SUPERUSER, TEST_DB};
 use tokio_postgres::Client;
 
 /// `items` attached with its failures and cancels written back to `status`.
 async fn items(pg: &Client, max_attempts: i32) {
+    // The extension's owner locks the rows (the grant is moot where it is
+    // the superuser).
+    let owner = test_user();
     pg.batch_execute(&format!(
         "CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL, progress int DEFAULT 0,
                              why text);
+         GRANT SELECT, UPDATE ON items TO {owner};
          SELECT lease.attach('items', $$status IN ('validating', 'in_progress')$$,
                              max_attempts => {max_attempts}, backoff_base => '10 milliseconds',
                              on_dead => $$status = 'failed', why = 'dead'$$,
@@ -240,7 +244,8 @@ async fn a_failing_release_and_a_consumer_never_deadlock() {
 #[tokio::test]
 async fn a_tenant_cannot_make_its_outcome_function_run_as_the_extension() {
     let cluster = Cluster::start();
-    let su = cluster.connect().await;
+    // The operator creates the roles (in SQL mode the test role may not).
+    let su = cluster.connect_to(TEST_DB, SUPERUSER).await;
     su.batch_execute(
         "CREATE ROLE tenant LOGIN IN ROLE lease_admin;
          CREATE ROLE worker LOGIN IN ROLE lease_worker;
@@ -264,7 +269,7 @@ async fn a_tenant_cannot_make_its_outcome_function_run_as_the_extension() {
         .execute("SELECT lease.release($1, 'a', $2, 'fail')", &[&id, &epoch])
         .await
         .expect_err("refused");
-    assert_eq!(sqlstate(&err).as_deref(), Some("55000"));
+    assert_eq!(sqlstate(&err).as_deref(), Some("55000"), "{err:?}");
     let superuser: bool = scalar(
         &su,
         "SELECT rolsuper FROM pg_roles WHERE rolname = 'tenant'",
@@ -279,8 +284,57 @@ async fn a_tenant_cannot_make_its_outcome_function_run_as_the_extension() {
         .expect("detach");
     let left: i64 = scalar(
         &su,
-        "SELECT count(*) FROM pg_proc WHERE proname = 'items_pg_lease_outcome'",
+        "SELECT count(*) FROM pg_proc WHERE proname IN ('items_pg_lease_outcome', 'items_pg_lease_match')",
     )
     .await;
     assert_eq!(left, 0);
+}
+
+/// Without the library the extension's owner is the installing role, no
+/// superuser: attach refuses (42501, with the GRANT to run as its hint) a
+/// table that role may not read and lock, and creates nothing.
+///
+/// Failed before the check in `lease._attach_register`: attach succeeded,
+/// and the worker's release of a claimed row failed later with 42501
+/// "permission denied for table items", stranding the lease. (With the
+/// library the owner is a superuser; there is nothing to refuse.)
+#[tokio::test]
+async fn without_the_library_attach_refuses_a_table_the_install_cannot_lock() {
+    if !pg_tests::sql_install_mode() {
+        eprintln!("skipped: only the install without the library has an owner who is no superuser");
+        return;
+    }
+    let cluster = Cluster::start();
+    let su = cluster.connect_to(TEST_DB, SUPERUSER).await;
+    su.batch_execute(
+        "CREATE ROLE tenant LOGIN IN ROLE lease_admin;
+         GRANT CREATE ON SCHEMA public TO tenant;",
+    )
+    .await
+    .expect("roles");
+    let tenant = cluster.connect_to(TEST_DB, "tenant").await;
+    tenant
+        .batch_execute("CREATE TABLE items (id text PRIMARY KEY, status text NOT NULL)")
+        .await
+        .expect("table");
+    let err = tenant
+        .batch_execute("SELECT lease.attach('items', $$status = 'new'$$)")
+        .await
+        .expect_err("refused");
+    assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{err:?}");
+    let made: i64 = scalar(
+        &su,
+        "SELECT (SELECT count(*) FROM lease.queue WHERE name = 'items')
+              + (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'items'::regclass)
+              + (SELECT count(*) FROM pg_proc WHERE proname = 'items_pg_lease_match')",
+    )
+    .await;
+    assert_eq!(made, 0, "nothing of the attachment is left");
+    tenant
+        .batch_execute(&format!(
+            "GRANT SELECT, UPDATE ON items TO {}; SELECT lease.attach('items', $$status = 'new'$$)",
+            test_user()
+        ))
+        .await
+        .expect("attached once granted");
 }

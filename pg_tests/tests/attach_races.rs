@@ -149,12 +149,16 @@ async fn cancel_by_key_requeue_and_batch_named_release() {
     let cluster = Cluster::start();
     let pg = cluster.connect().await;
     items(&pg).await;
-    pg.batch_execute(
-        "INSERT INTO items VALUES ('k1', 'validating'), ('k2', 'validating');
-         CREATE ROLE w LOGIN IN ROLE lease_worker;",
-    )
-    .await
-    .expect("setup");
+    pg.batch_execute("INSERT INTO items VALUES ('k1', 'validating'), ('k2', 'validating')")
+        .await
+        .expect("rows");
+    // The operator's (in SQL mode the test role may not create roles).
+    cluster
+        .connect_to(pg_tests::TEST_DB, pg_tests::SUPERUSER)
+        .await
+        .batch_execute("CREATE ROLE w LOGIN IN ROLE lease_worker")
+        .await
+        .expect("role");
     let w = cluster.connect_to(pg_tests::TEST_DB, "w").await;
     let cancelled: String = scalar(&w, "SELECT lease.cancel_key('items', 'k1')").await;
     assert_eq!(cancelled, "cancelled");
