@@ -369,7 +369,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
 /// streams: a primary that waits for a standby that does not exist yet
 /// never commits anything.
 async fn make_synchronous(primary: &Cluster) {
-    let watch = operator(&primary).await;
+    let watch = operator(primary).await;
     for sql in [
         "ALTER SYSTEM SET synchronous_standby_names = '*'",
         "SELECT pg_reload_conf()",
