@@ -179,55 +179,62 @@ $$;
 COMMENT ON FUNCTION lease.checked_not_null(anyelement, text) IS
     'Internal: returns value, or raises 22004 naming the argument when it is NULL.';
 
--- What a row becomes when its lease ends with an outcome. One definition for
--- release and for reap (an expired lease counts as outcome ''retry'') so the
--- two paths can never account differently. Inlined by the planner.
-CREATE FUNCTION lease.next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
-                                 attached boolean)
-RETURNS lease.job_state
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE
-    -- An attached row is done when its domain row stops matching (the
-    -- trigger then removes it). Released as done while it still matches,
-    -- it would be neither claimable nor visible: a dead letter says so.
-    WHEN outcome = 'done' AND attached THEN 'dead'
-    WHEN outcome = 'done' THEN 'done'
-    WHEN outcome = 'fail' THEN 'dead'
-    -- Cancel intent wins over every way back to pending.
-    WHEN cancel_requested THEN 'cancelled'
-    WHEN outcome = 'retry' AND attempt >= max_attempts THEN 'dead'
-    ELSE 'pending'
-END::lease.job_state;
+CREATE FUNCTION lease.checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF ids IS NULL OR epochs IS NULL THEN
+        RAISE EXCEPTION 'ids and epochs must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(ids) <> cardinality(epochs) THEN
+        RAISE EXCEPTION 'ids has % elements, epochs has %', cardinality(ids), cardinality(epochs)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(ids) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 leases per call (got %)', cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(ids, NULL) IS NOT NULL OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ids and epochs must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN cardinality(ids);
+END
+$$;
 
-COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer, boolean) IS
-    'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag, attempts and whether its queue is an attached table''s.';
+COMMENT ON FUNCTION lease.checked_same_length(bigint[], bigint[]) IS
+    'Internal: returns the length of ids, or raises 22004 for NULL arrays/elements, 22023 for unequal lengths or more than 10000 elements.';
 
-CREATE FUNCTION lease.stranded_done() RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 'released as done while its table row still matches the pending predicate: move the row on (that is the completion), or requeue it';
+CREATE FUNCTION lease.checked_outcome(outcome text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF outcome IS NULL THEN
+        RAISE EXCEPTION 'outcome must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT lease.valid_outcome(outcome) THEN
+        RAISE EXCEPTION 'outcome must be one of done, retry, fail, abandon (got "%")', outcome
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN outcome;
+END
+$$;
 
-COMMENT ON FUNCTION lease.stranded_done() IS
-    'Internal: last_error of an attached row released as done while its domain row still matches.';
+COMMENT ON FUNCTION lease.checked_outcome(text) IS
+    'Internal: returns outcome, or raises 22004 if NULL, 22023 unless done/retry/fail/abandon.';
 
--- Exponential backoff after the given attempt: base * 2^(attempt-1), capped.
--- Computed in seconds (double precision) and capped before it becomes an
--- interval, so no attempt count can overflow it: with base 30 s, attempt 40
--- overflowed interval arithmetic (22008) and stopped every sweep.
-CREATE FUNCTION lease.backoff(attempt integer, base interval, cap interval) RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN make_interval(secs => least(date_part('epoch', cap),
-                                   date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
+CREATE FUNCTION lease.checked_name(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF name IS NULL THEN
+        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN name;
+END
+$$;
 
-COMMENT ON FUNCTION lease.backoff(integer, interval, interval) IS
-    'Internal: delay before the next attempt, base * 2^(attempt-1) capped at cap.';
-
--- The delay a retry or an expiry actually gets. With 'full' jitter it is
--- uniform in [0, backoff): rows that failed together (a dependency was
--- down) come back spread out instead of in lockstep.
-CREATE FUNCTION lease.retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
-LANGUAGE sql VOLATILE PARALLEL SAFE
-RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random()
-            ELSE lease.backoff(attempt, base, cap) END;
-
-COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
-    'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
+COMMENT ON FUNCTION lease.checked_name(text) IS
+    'Internal: returns name, or raises 22004 if NULL, 22023 if empty or longer than 128 characters.';

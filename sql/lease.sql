@@ -104,49 +104,6 @@ lease_until.
 Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
 elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
 
-CREATE FUNCTION lease.checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-AS $$
-BEGIN
-    IF ids IS NULL OR epochs IS NULL THEN
-        RAISE EXCEPTION 'ids and epochs must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF cardinality(ids) <> cardinality(epochs) THEN
-        RAISE EXCEPTION 'ids has % elements, epochs has %', cardinality(ids), cardinality(epochs)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF cardinality(ids) > 10000 THEN
-        RAISE EXCEPTION 'at most 10000 leases per call (got %)', cardinality(ids)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF array_position(ids, NULL) IS NOT NULL OR array_position(epochs, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'ids and epochs must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    RETURN cardinality(ids);
-END
-$$;
-
-COMMENT ON FUNCTION lease.checked_same_length(bigint[], bigint[]) IS
-    'Internal: returns the length of ids, or raises 22004 for NULL arrays/elements, 22023 for unequal lengths or more than 10000 elements.';
-
-CREATE FUNCTION lease.checked_outcome(outcome text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-AS $$
-BEGIN
-    IF outcome IS NULL THEN
-        RAISE EXCEPTION 'outcome must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF NOT lease.valid_outcome(outcome) THEN
-        RAISE EXCEPTION 'outcome must be one of done, retry, fail, abandon (got "%")', outcome
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN outcome;
-END
-$$;
-
-COMMENT ON FUNCTION lease.checked_outcome(text) IS
-    'Internal: returns outcome, or raises 22004 if NULL, 22023 unless done/retry/fail/abandon.';
-
 CREATE FUNCTION lease.release(
     id       bigint,
     owner    text,

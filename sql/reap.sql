@@ -140,3 +140,16 @@ $$;
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
 (dead and cancelled rows) and returns how many. Rows of attached tables are left to their triggers. Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
+
+CREATE FUNCTION lease._log_reaped(queue text, requeued bigint, dead bigint, cancelled bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE LOG 'pg_lease: expired leases in queue "%" of database "%": % back to pending, % dead-lettered, % cancelled',
+        queue, current_database(), requeued, dead, cancelled;
+    RETURN requeued + dead + cancelled;
+END
+$$;
+
+COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
+    'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';

@@ -134,6 +134,44 @@ CREATE TABLE lease.named_lease (
 COMMENT ON TABLE lease.named_lease IS
     'Named leases (singletons, leader election). Change only through lease.try_acquire / renew_named / release_named.';
 
+-- Domain tables attached with lease.attach (attach.sql). Here with the
+-- other tables because releases, claims and the reaper check it for the
+-- attached tables' extra steps.
+CREATE TABLE lease.attachment (
+    queue       text PRIMARY KEY REFERENCES lease.queue (name),
+    rel         regclass NOT NULL UNIQUE,
+    -- By number, so that renaming the key column changes nothing.
+    key_attnum  smallint NOT NULL,
+    pending     text NOT NULL,
+    attached_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The column claims follow (lease.job.rank), if any.
+    order_attnum smallint,
+    -- attach's on_dead/on_cancel SET lists and the table owner's function
+    -- that applies them (outcome.sql).
+    on_dead     text,
+    on_cancel   text,
+    outcome_function regprocedure
+);
+
+COMMENT ON TABLE lease.attachment IS
+    'Domain tables attached with lease.attach(): their queue, primary-key column and order_by column (by number), pending predicate, on_dead/on_cancel SET lists and the function applying them.';
+
+-- The key column's current name, if it is still a key type attach supports:
+-- the trigger function casts the key to text as the extension owner, and a
+-- user-defined type's cast would run its owner's code.
+CREATE FUNCTION lease._attached_key_column(queue text, rel oid) RETURNS name
+LANGUAGE sql STABLE
+RETURN (SELECT a.attname
+          FROM lease.attachment t
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = t.rel AND a.attnum = t.key_attnum
+         WHERE t.queue = _attached_key_column.queue AND t.rel = _attached_key_column.rel
+           AND NOT a.attisdropped
+           AND a.atttypid IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype,
+                              'uuid'::regtype, 'text'::regtype, 'character varying'::regtype));
+
+COMMENT ON FUNCTION lease._attached_key_column(text, oid) IS
+    'Internal: the current name of the key column of table REL attached to QUEUE; NULL if there is no such attachment or the column was dropped or retyped to a type attach does not support.';
+
 -- Renewal results. A composite type rather than OUT parameters so that batch
 -- and single forms share one shape.
 CREATE TYPE lease.renewal AS (

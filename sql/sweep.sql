@@ -97,19 +97,6 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION lease._log_reaped(queue text, requeued bigint, dead bigint, cancelled bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    RAISE LOG 'pg_lease: expired leases in queue "%" of database "%": % back to pending, % dead-lettered, % cancelled',
-        queue, current_database(), requeued, dead, cancelled;
-    RETURN requeued + dead + cancelled;
-END
-$$;
-
-COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
-    'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
-
 COMMENT ON FUNCTION lease.sweep(integer) IS
 $$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), and the folding
 of lease.metrics' counter rows; returns how many leases
@@ -137,14 +124,3 @@ RETURN least(
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
     'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue); NULL if none until something changes.';
-
-CREATE VIEW lease.reaper_stats AS
-SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
-       s.last_sweep_at, s.last_duration, s.last_error, s.last_error_at,
-       lease._reaper_slot_shortages() AS slot_shortages,
-       to_timestamp(lease._reaper_last_slot_shortage()) AS last_slot_shortage_at
-  FROM lease.sweep_state s;
-
-COMMENT ON VIEW lease.reaper_stats IS
-$$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
-last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;

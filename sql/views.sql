@@ -46,3 +46,14 @@ SELECT n.name, n.owner, n.epoch, n.acquired_at, n.lease_until,
 
 COMMENT ON VIEW lease.holders IS
     'Current holders of named leases (leaders, singletons).';
+
+CREATE VIEW lease.reaper_stats AS
+SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
+       s.last_sweep_at, s.last_duration, s.last_error, s.last_error_at,
+       lease._reaper_slot_shortages() AS slot_shortages,
+       to_timestamp(lease._reaper_last_slot_shortage()) AS last_slot_shortage_at
+  FROM lease.sweep_state s;
+
+COMMENT ON VIEW lease.reaper_stats IS
+$$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
+last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;

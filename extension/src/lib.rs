@@ -18,70 +18,136 @@ pub mod sweeper;
 
 ::pgrx::pg_module_magic!();
 
+// Every SQL file after the bootstrap names in `requires` exactly the files
+// and library functions whose objects it uses (pg_tests/tests/sql_layout.rs
+// checks it), so the lists below are the call graph, lowest layer first.
 pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
 pgrx::extension_sql_file!("../../sql/check.sql", name = "check", requires = ["schema"]);
 pgrx::extension_sql_file!(
+    "../../sql/transition.sql",
+    name = "transition",
+    requires = ["schema"]
+);
+pgrx::extension_sql_file!("../../sql/wake.sql", name = "wake", requires = ["schema"]);
+pgrx::extension_sql_file!(
     "../../sql/access.sql",
     name = "access",
-    requires = ["check"]
+    requires = ["schema", "check"]
 );
 pgrx::extension_sql_file!(
     "../../sql/concurrency.sql",
     name = "concurrency",
-    requires = ["check"]
+    requires = ["schema", "wake"]
 );
 pgrx::extension_sql_file!(
-    "../../sql/queue.sql",
-    name = "queue",
-    requires = ["access", "concurrency"]
+    "../../sql/metrics.sql",
+    name = "metrics",
+    requires = ["schema", "concurrency"]
 );
 pgrx::extension_sql_file!(
-    "../../sql/lease.sql",
-    name = "lease",
-    requires = ["access", "concurrency"]
-);
-pgrx::extension_sql_file!(
-    "../../sql/claim.sql",
-    name = "claim",
-    requires = ["access", "lease"]
-);
-pgrx::extension_sql_file!("../../sql/fence.sql", name = "fence", requires = ["access"]);
-pgrx::extension_sql_file!("../../sql/named.sql", name = "named", requires = ["check"]);
-pgrx::extension_sql_file!("../../sql/reap.sql", name = "reap", requires = ["check"]);
-pgrx::extension_sql_file!(
-    "../../sql/attach.sql",
-    name = "attach",
-    requires = ["queue"]
+    "../../sql/reap.sql",
+    name = "reap",
+    requires = [
+        "schema",
+        "check",
+        "transition",
+        "concurrency",
+        "metrics",
+        epoch::epoch_floor
+    ]
 );
 pgrx::extension_sql_file!(
     "../../sql/outcome.sql",
     name = "outcome",
-    requires = ["attach", "reap"]
+    requires = ["schema", "reap"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/queue.sql",
+    name = "queue",
+    requires = [
+        "schema",
+        "check",
+        "access",
+        "concurrency",
+        "metrics",
+        "outcome",
+        "wake",
+        shared::reaper_touch
+    ]
+);
+pgrx::extension_sql_file!(
+    "../../sql/lease.sql",
+    name = "lease",
+    requires = [
+        "schema",
+        "check",
+        "transition",
+        "access",
+        "concurrency",
+        "metrics",
+        "outcome"
+    ]
+);
+pgrx::extension_sql_file!(
+    "../../sql/claim.sql",
+    name = "claim",
+    requires = [
+        "schema",
+        "check",
+        "access",
+        "lease",
+        "metrics",
+        "outcome",
+        epoch::epoch_floor,
+        shared::reaper_touch
+    ]
+);
+pgrx::extension_sql_file!(
+    "../../sql/fence.sql",
+    name = "fence",
+    requires = ["schema", "check", "access", "outcome"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/named.sql",
+    name = "named",
+    requires = ["schema", "check", epoch::epoch_floor]
+);
+pgrx::extension_sql_file!(
+    "../../sql/attach.sql",
+    name = "attach",
+    requires = [
+        "schema",
+        "access",
+        "metrics",
+        "outcome",
+        "queue",
+        "wake",
+        predicate::qualified_predicate
+    ]
 );
 pgrx::extension_sql_file!(
     "../../sql/schedule.sql",
     name = "schedule",
     requires = [
+        "schema",
+        "check",
         "queue",
         cron::cron_next,
         cron::cron_last,
         shared::reaper_touch
     ]
 );
-pgrx::extension_sql_file!("../../sql/views.sql", name = "views", requires = ["schema"]);
-pgrx::extension_sql_file!(
-    "../../sql/metrics.sql",
-    name = "metrics",
-    requires = ["concurrency"]
-);
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
+    requires = ["schema", "check", "reap", "schedule"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/views.sql",
+    name = "views",
     requires = [
-        "reap",
-        "attach",
-        "schedule",
-        "metrics",
+        "schema",
+        "sweep",
         shared::reaper_slot_shortages,
         shared::reaper_last_slot_shortage
     ]
