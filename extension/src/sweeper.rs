@@ -8,7 +8,7 @@ use crate::settings;
 use crate::shared::{self, Verdict};
 
 /// `backend_type` of a sweeper in `pg_stat_activity`.
-pub const SWEEPER_TYPE: &str = "pg_lease reaper";
+pub const SWEEPER_TYPE: &str = "pg_lease sweeper";
 
 /// Starts a sweeper for database `oid` and waits until it is done. Called by
 /// the launcher, one database at a time.
