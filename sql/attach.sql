@@ -411,7 +411,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'table % is not attached', rel USING ERRCODE = 'undefined_object';
     END IF;
-    RETURN lease._drop_attached_queue(q);
+    RETURN lease._delete_queue(q);
 END
 $$;
 
@@ -419,23 +419,6 @@ COMMENT ON FUNCTION lease._detach_unregister(regclass) IS
 $$Internal part of lease.detach that needs the extension owner's rights: removes the attachment, its queue
 and its rows. Granted to lease_admin because lease.detach runs as its caller; refuses (42501) unless the
 calling role owns the table.$$;
-
-CREATE FUNCTION lease._drop_attached_queue(queue text) RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    removed bigint;
-BEGIN
-    DELETE FROM lease.job j WHERE j.queue = _drop_attached_queue.queue;
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    DELETE FROM lease.counter c WHERE c.queue = _drop_attached_queue.queue;
-    DELETE FROM lease.queue q WHERE q.name = _drop_attached_queue.queue;
-    RETURN removed;
-END
-$$;
-
-COMMENT ON FUNCTION lease._drop_attached_queue(text) IS
-    'Internal: deletes the rows and the queue of a detached table; returns how many rows.';
 
 -- DROP TABLE (or DROP SCHEMA ... CASCADE) of an attached table takes its
 -- attachment, queue and rows along, so the name can be attached again.
@@ -453,7 +436,7 @@ BEGIN
          WHERE d.classid = 'pg_class'::regclass AND d.objid = a.rel::oid AND d.objsubid = 0
         RETURNING a.queue, a.outcome_function::oid AS fn_oid
     LOOP
-        PERFORM lease._drop_attached_queue(gone.queue);
+        PERFORM lease._delete_queue(gone.queue);
         -- Its outcome function writes the dropped table: drop it too, unless
         -- the same command (DROP SCHEMA ... CASCADE) already did.
         SELECT p.oid::regprocedure::text INTO fn FROM pg_proc p WHERE p.oid = gone.fn_oid;

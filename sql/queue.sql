@@ -74,12 +74,29 @@ concurrency: at most this many rows of one concurrency_key (see lease.enqueue) a
 admits held rows at once; lowering it admits no more until the key is below the new limit.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
+-- What dropping a queue deletes, for drop_queue and for detach (its grants,
+-- key_slot and schedule rows go by their foreign keys).
+CREATE FUNCTION lease._delete_queue(queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    removed bigint;
+BEGIN
+    DELETE FROM lease.job j WHERE j.queue = _delete_queue.queue;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    DELETE FROM lease.counter c WHERE c.queue = _delete_queue.queue;
+    DELETE FROM lease.queue q WHERE q.name = _delete_queue.queue;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease._delete_queue(text) IS
+    'Internal: deletes queue QUEUE with its rows and counters; returns how many rows.';
+
 CREATE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    removed bigint;
 BEGIN
     PERFORM lease.checked_queue(name);
     -- Lock the queue row first: enqueue's foreign key check waits on it, so no
@@ -96,11 +113,7 @@ BEGIN
             USING ERRCODE = 'object_in_use',
                   HINT = 'Pass force => true to delete them with the queue.';
     END IF;
-    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    DELETE FROM lease.counter c WHERE c.queue = drop_queue.name;
-    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
-    RETURN removed;
+    RETURN lease._delete_queue(name);
 END
 $$;
 

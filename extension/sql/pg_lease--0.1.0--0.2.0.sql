@@ -785,8 +785,6 @@ CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT fal
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    removed bigint;
 BEGIN
     PERFORM lease.checked_queue(name);
     -- Lock the queue row first: enqueue's foreign key check waits on it, so no
@@ -803,11 +801,7 @@ BEGIN
             USING ERRCODE = 'object_in_use',
                   HINT = 'Pass force => true to delete them with the queue.';
     END IF;
-    DELETE FROM lease.job j WHERE j.queue = drop_queue.name;
-    GET DIAGNOSTICS removed = ROW_COUNT;
-    DELETE FROM lease.counter c WHERE c.queue = drop_queue.name;
-    DELETE FROM lease.queue q WHERE q.name = drop_queue.name;
-    RETURN removed;
+    RETURN lease._delete_queue(name);
 END
 $$;
 
@@ -1935,7 +1929,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'table % is not attached', rel USING ERRCODE = 'undefined_object';
     END IF;
-    RETURN lease._drop_attached_queue(q);
+    RETURN lease._delete_queue(q);
 END
 $$;
 
@@ -1944,22 +1938,22 @@ $$Internal part of lease.detach that needs the extension owner's rights: removes
 and its rows. Granted to lease_admin because lease.detach runs as its caller; refuses (42501) unless the
 calling role owns the table.$$;
 
-CREATE OR REPLACE FUNCTION lease._drop_attached_queue(queue text) RETURNS bigint
+CREATE FUNCTION lease._delete_queue(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     removed bigint;
 BEGIN
-    DELETE FROM lease.job j WHERE j.queue = _drop_attached_queue.queue;
+    DELETE FROM lease.job j WHERE j.queue = _delete_queue.queue;
     GET DIAGNOSTICS removed = ROW_COUNT;
-    DELETE FROM lease.counter c WHERE c.queue = _drop_attached_queue.queue;
-    DELETE FROM lease.queue q WHERE q.name = _drop_attached_queue.queue;
+    DELETE FROM lease.counter c WHERE c.queue = _delete_queue.queue;
+    DELETE FROM lease.queue q WHERE q.name = _delete_queue.queue;
     RETURN removed;
 END
 $$;
 
-COMMENT ON FUNCTION lease._drop_attached_queue(text) IS
-    'Internal: deletes the rows and the queue of a detached table; returns how many rows.';
+COMMENT ON FUNCTION lease._delete_queue(text) IS
+    'Internal: deletes queue QUEUE with its rows and counters; returns how many rows.';
 
 CREATE OR REPLACE FUNCTION lease._forget_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1975,7 +1969,7 @@ BEGIN
          WHERE d.classid = 'pg_class'::regclass AND d.objid = a.rel::oid AND d.objsubid = 0
         RETURNING a.queue, a.outcome_function::oid AS fn_oid
     LOOP
-        PERFORM lease._drop_attached_queue(gone.queue);
+        PERFORM lease._delete_queue(gone.queue);
         -- Its outcome function writes the dropped table: drop it too, unless
         -- the same command (DROP SCHEMA ... CASCADE) already did.
         SELECT p.oid::regprocedure::text INTO fn FROM pg_proc p WHERE p.oid = gone.fn_oid;

@@ -135,7 +135,11 @@ fn sql_files() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
 fn library_functions() -> BTreeMap<String, String> {
     let mut names = BTreeMap::new();
     for entry in fs::read_dir(root().join("extension/src")).expect("extension/src") {
-        let text = fs::read_to_string(entry.expect("entry").path()).expect("read");
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = fs::read_to_string(path).expect("read");
         for attr in text.split("#[pg_extern").skip(1) {
             let head = &attr[..attr.find(")]").unwrap_or(0)];
             let sql_name = head
