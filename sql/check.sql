@@ -7,6 +7,12 @@
 --   22004 null_value_not_allowed   a required argument is NULL
 --   22023 invalid_parameter_value  an argument is out of its documented range
 --   42704 undefined_object         the queue does not exist
+--
+-- So every public function opens the same way: SECURITY DEFINER, the pinned
+-- search_path, and its arguments checked into constants in DECLARE; and the
+-- checked_* functions below share one shape (NULL first, then the rule, each
+-- with its own message). The duplicates tool pairs these openings and
+-- shapes; they are the convention, not copies to fold into one.
 
 -- The rules themselves, as SQL expressions the planner inlines: the hot
 -- paths (claim_pending, renew, release) test them in one IF and call the

@@ -255,6 +255,9 @@ BEGIN
         END IF;
     END IF;
 
+    -- The SET list is lease.release's, for many rows: each function keeps
+    -- its statement whole so the planner sees it (a shared function per row
+    -- would cost the single release, the hot path at batch 1).
     WITH updated AS (
         UPDATE lease.job j
            SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),

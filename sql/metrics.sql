@@ -110,6 +110,8 @@ DECLARE
     folded bigint;
 BEGIN
     -- Rows a backend's open transaction holds are left for the next sweep.
+    -- The upsert is lease._count's, for summed rows: _count stays one
+    -- statement on every state change's path.
     WITH gone AS (
         DELETE FROM lease.counter c
          WHERE (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k

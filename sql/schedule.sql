@@ -51,6 +51,7 @@ END;
 COMMENT ON FUNCTION lease._schedule_next(text, interval, timestamptz, timestamptz) IS
     'Internal: the first occurrence strictly after AFTER of a schedule (CRON, or EVERY counted from ANCHOR); NULL if none.';
 
+-- The mirror of _schedule_next: the last occurrence at or before AT.
 CREATE FUNCTION lease._schedule_last(cron text, every interval, anchor timestamptz, at timestamptz)
 RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE

@@ -52,6 +52,7 @@ BEGIN
         -- each in its own subtransaction, and record what failed.
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
         problem := format('%s: %s', SQLSTATE, problem);
+        -- The loop above again, once per queue.
         FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.state = 'leased' AND j.lease_until <= t LOOP
             BEGIN
                 FOR r IN SELECT * FROM lease._reap(n, q) LOOP

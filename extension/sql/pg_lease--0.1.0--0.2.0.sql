@@ -1335,6 +1335,9 @@ BEGIN
         END IF;
     END IF;
 
+    -- The SET list is lease.release's, for many rows: each function keeps
+    -- its statement whole so the planner sees it (a shared function per row
+    -- would cost the single release, the hot path at batch 1).
     WITH updated AS (
         UPDATE lease.job j
            SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
@@ -2339,6 +2342,7 @@ BEGIN
         -- each in its own subtransaction, and record what failed.
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
         problem := format('%s: %s', SQLSTATE, problem);
+        -- The loop above again, once per queue.
         FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.state = 'leased' AND j.lease_until <= t LOOP
             BEGIN
                 FOR r IN SELECT * FROM lease._reap(n, q) LOOP
@@ -2549,6 +2553,8 @@ DECLARE
     folded bigint;
 BEGIN
     -- Rows a backend's open transaction holds are left for the next sweep.
+    -- The upsert is lease._count's, for summed rows: _count stays one
+    -- statement on every state change's path.
     WITH gone AS (
         DELETE FROM lease.counter c
          WHERE (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k
