@@ -28,6 +28,7 @@
 
 pub mod catalog;
 pub mod child;
+pub mod jobs;
 pub mod proxy;
 mod rng;
 pub mod sql_install;
