@@ -18,6 +18,35 @@ pub fn exit_when_stdin_closes() {
     });
 }
 
+/// Exits the process when its standard input closes or after `max`,
+/// whichever comes first: a worker bounded in time as well.
+pub fn exit_when_stdin_closes_or_after(max: std::time::Duration) {
+    exit_when_stdin_closes();
+    std::thread::spawn(move || {
+        std::thread::sleep(max);
+        std::process::exit(0);
+    });
+}
+
+/// The process's `key=value` arguments, in order.
+pub fn key_values() -> Result<Vec<(String, String)>, String> {
+    std::env::args()
+        .skip(1)
+        .map(|arg| {
+            arg.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("argument {arg:?} is not key=value"))
+        })
+        .collect()
+}
+
+/// The value of argument `key` as a number.
+pub fn number(key: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .map_err(|e| format!("{key}={value}: {e}"))
+}
+
 /// A two-thread tokio runtime; exits with code 2, naming `program`, if
 /// there is none to be had.
 pub fn runtime(program: &str) -> tokio::runtime::Runtime {

@@ -32,6 +32,7 @@ use pg_lease_client::{
     CancelReason, CancellationToken, Client, Error, HandlerResult, Job, Outcome, Worker,
     WorkerConfig,
 };
+use pg_tests::child::{key_values, number};
 use tokio::time::{sleep, timeout, Instant};
 use tokio_postgres::NoTls;
 
@@ -49,21 +50,14 @@ impl Config {
     fn from_args() -> Result<Config, String> {
         let (mut conn, mut worker, mut slots, mut ttl_ms, mut max_secs) =
             (String::new(), 0, 3, 400, 600);
-        for arg in std::env::args().skip(1) {
-            let (key, value) = arg
-                .split_once('=')
-                .ok_or_else(|| format!("argument {arg:?} is not key=value"))?;
-            let number = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|e| format!("{key}={value}: {e}"))
-            };
-            match key {
-                "conn" => conn = value.to_owned(),
-                "worker" => worker = number()?,
-                "slots" => slots = number()?,
-                "ttl_ms" => ttl_ms = number()?,
-                "max_secs" => max_secs = number()?,
+        for (key, value) in key_values()? {
+            let num = || number(&key, &value);
+            match key.as_str() {
+                "conn" => conn = value,
+                "worker" => worker = num()?,
+                "slots" => slots = num()?,
+                "ttl_ms" => ttl_ms = num()?,
+                "max_secs" => max_secs = num()?,
                 _ => return Err(format!("unknown argument {key}")),
             }
         }
@@ -334,12 +328,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    pg_tests::child::exit_when_stdin_closes();
-    let max = Duration::from_secs(cfg.max_secs);
-    std::thread::spawn(move || {
-        std::thread::sleep(max);
-        std::process::exit(0);
-    });
+    pg_tests::child::exit_when_stdin_closes_or_after(Duration::from_secs(cfg.max_secs));
     // One thread, so that a stalled handler stalls the whole process.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

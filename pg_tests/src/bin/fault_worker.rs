@@ -30,6 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pg_tests::child::{key_values, number};
 use pg_tests::Rng;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
@@ -65,22 +66,15 @@ impl Config {
             fenced: true,
             handler_in_txn: false,
         };
-        for arg in std::env::args().skip(1) {
-            let (key, value) = arg
-                .split_once('=')
-                .ok_or_else(|| format!("argument {arg:?} is not key=value"))?;
-            let number = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|e| format!("{key}={value}: {e}"))
-            };
-            match key {
-                "conn" => cfg.conn = value.to_owned(),
-                "worker" => cfg.worker = number()? as u32,
-                "tasks" => cfg.tasks = number()? as u32,
-                "seed" => cfg.seed = number()?,
-                "ttl_ms" => cfg.ttl = Duration::from_millis(number()?),
-                "max_secs" => cfg.max_secs = number()?,
+        for (key, value) in key_values()? {
+            let num = || number(&key, &value);
+            match key.as_str() {
+                "conn" => cfg.conn = value,
+                "worker" => cfg.worker = num()? as u32,
+                "tasks" => cfg.tasks = num()? as u32,
+                "seed" => cfg.seed = num()?,
+                "ttl_ms" => cfg.ttl = Duration::from_millis(num()?),
+                "max_secs" => cfg.max_secs = num()?,
                 "mode" => cfg.fenced = value != "unfenced",
                 "handler_in_txn" => cfg.handler_in_txn = value == "1",
                 _ => return Err(format!("unknown argument {key}")),
@@ -645,14 +639,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    // Bounded: exit when the test closes our stdin (or dies), or at the
-    // deadline, whichever comes first.
-    pg_tests::child::exit_when_stdin_closes();
-    let max = Duration::from_secs(cfg.max_secs);
-    std::thread::spawn(move || {
-        std::thread::sleep(max);
-        std::process::exit(0);
-    });
+    pg_tests::child::exit_when_stdin_closes_or_after(Duration::from_secs(cfg.max_secs));
     let runtime = pg_tests::child::runtime("fault_worker");
     runtime.block_on(async move {
         let tasks: Vec<_> = (0..cfg.tasks)
