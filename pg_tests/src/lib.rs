@@ -401,6 +401,18 @@ impl Cluster {
     }
 
     fn try_start(config: &ClusterConfig) -> Result<Cluster, String> {
+        // SQL mode stands for a server without the library: never load it.
+        if sql_install_mode()
+            && config
+                .extra_conf
+                .iter()
+                .any(|line| line.contains("shared_preload_libraries") && line.contains(EXTENSION))
+        {
+            return Err(format!(
+                "{INSTALL_ENV}=sql tests a server without the library, but the \
+                 configuration preloads it; use ClusterConfig::with_reaper"
+            ));
+        }
         let run_as = run_as()?;
         let bin_dir = pg_bin_dir();
         for tool in ["initdb", "pg_ctl", "postgres", "psql"] {

@@ -22,21 +22,16 @@ use pg_lease_client::{
     CancellationToken, Client, HandlerResult, Job, Outcome, Summary, Worker, WorkerConfig,
 };
 use pg_tests::workers::{self, stop};
-use pg_tests::{eventually, reaper_conf, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::NoTls;
 
 /// A cluster whose reaper sweeps every 100 ms and that detects deadlocks
 /// after 100 ms.
 fn cluster() -> Cluster {
-    Cluster::start_with(ClusterConfig {
-        extra_conf: [
-            reaper_conf(Duration::from_millis(100)),
-            vec!["deadlock_timeout = '100ms'".into()],
-        ]
-        .concat(),
-        ..Default::default()
-    })
+    let mut config = ClusterConfig::with_reaper(Duration::from_millis(100));
+    config.extra_conf.push("deadlock_timeout = '100ms'".into());
+    Cluster::start_with(config)
 }
 
 async fn connect(url: &str) -> tokio_postgres::Client {
