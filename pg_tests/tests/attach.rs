@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_lease_client::{Client, Outcome, Worker, WorkerConfig};
+use pg_lease_client::{Outcome, Worker, WorkerConfig};
 use pg_tests::workers::{spawn, stop};
-use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
+use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig};
 use tokio::time::sleep;
 
 /// A cluster whose reaper sweeps every 100 ms.
@@ -85,9 +85,7 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
     let ttl = Duration::from_millis(800);
     let mut replicas = Vec::new();
     for n in 0..3u64 {
-        let client = Client::connect(&cluster.conn_string(TEST_DB))
-            .await
-            .expect("client");
+        let client = pg_tests::jobs::client(&cluster).await;
         let domain = Arc::new(cluster.connect().await);
         let worker = Worker::new(
             client,
@@ -243,9 +241,7 @@ async fn a_replica_that_exits_early_leaves_nothing_stalled() {
     let mut early = worker_config("service_instances", "early", ttl);
     early.concurrency = 10;
     early.grace_period = Duration::from_millis(100);
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("client");
+    let client = pg_tests::jobs::client(&cluster).await;
     let (shutdown, run) = spawn(Worker::new(client, early, |job| async move {
         // The acknowledgement never comes.
         job.cancelled().await;
@@ -262,9 +258,7 @@ async fn a_replica_that_exits_early_leaves_nothing_stalled() {
     assert_eq!(summary.abandoned, 10, "{summary:?}");
 
     let domain = Arc::new(cluster.connect().await);
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("client");
+    let client = pg_tests::jobs::client(&cluster).await;
     let (shutdown, run) = spawn(Worker::new(
         client,
         worker_config("service_instances", "late", ttl),
@@ -544,9 +538,7 @@ async fn a_restarted_owner_recovers_its_own_items() {
     let domain = Arc::new(cluster.connect().await);
     let mut config = worker_config("batch_items", "proc-1", Duration::from_secs(60));
     config.reclaim_own = true;
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("client");
+    let client = pg_tests::jobs::client(&cluster).await;
     let (shutdown, run) = spawn(Worker::new(client, config, move |job| {
         let domain = Arc::clone(&domain);
         async move {

@@ -121,9 +121,7 @@ async fn the_workers_sessions_carry_its_owner() {
     use pg_lease_client::{CancellationToken, Worker, WorkerConfig};
 
     let cluster = Cluster::start();
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("connect");
+    let client = pg_tests::jobs::client(&cluster).await;
     let mut config = WorkerConfig::new("default").with_ttl(Duration::from_secs(3));
     config.owner = "replica-7".into();
     config.poll_interval = Duration::from_millis(100);

@@ -51,9 +51,7 @@ where
     F: Fn(pg_lease_client::Job) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = pg_lease_client::HandlerResult> + Send + 'static,
 {
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("connect");
+    let client = pg_tests::jobs::client(cluster).await;
     let mut config = WorkerConfig::new("q");
     config.owner = "w".into();
     config.poll_interval = Duration::from_millis(50);

@@ -56,6 +56,15 @@ struct Acked {
     renewed: Vec<(i64, i64, SystemTime)>,
 }
 
+/// What the replicas were told, once the load that shared it is over.
+fn taken(acked: Arc<Mutex<Acked>>) -> Acked {
+    Arc::try_unwrap(acked)
+        .ok()
+        .expect("load finished")
+        .into_inner()
+        .expect("acked")
+}
+
 /// Connections of four replicas to `primary`.
 async fn replicas(primary: &Cluster) -> Vec<Client> {
     let mut clients = Vec::new();
@@ -226,11 +235,7 @@ async fn async_failover_never_reissues_an_epoch_nor_honours_old_leases() {
     primary.crash();
     standby.promote();
 
-    let acked = Arc::try_unwrap(acked)
-        .ok()
-        .expect("load finished")
-        .into_inner()
-        .expect("acked");
+    let acked = taken(acked);
     let after_cut = acked.claims.len() - before_cut;
     assert!(
         before_cut > 20 && after_cut > 20,
@@ -398,11 +403,7 @@ async fn sync_failover_loses_no_acknowledged_change() {
     primary.crash();
     load.await.expect("load");
     standby.promote();
-    let acked = Arc::try_unwrap(acked)
-        .ok()
-        .expect("load finished")
-        .into_inner()
-        .expect("acked");
+    let acked = taken(acked);
     assert!(
         acked.claims.len() > 20,
         "the load ran: {} claims",

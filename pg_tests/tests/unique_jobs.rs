@@ -14,9 +14,7 @@ use pg_tests::{scalar, Cluster, TEST_DB};
 async fn one_active_row_per_unique_key_under_concurrent_producers() {
     let cluster = Cluster::start();
     let pg = cluster.connect().await;
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("client");
+    let client = pg_tests::jobs::client(&cluster).await;
     client
         .create_queue(
             "reports",

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_lease_client::{CancellationToken, Client, Outcome, Worker, WorkerConfig};
-use pg_tests::{eventually, scalar, Cluster, TEST_DB};
+use pg_lease_client::{CancellationToken, Outcome, Worker, WorkerConfig};
+use pg_tests::{eventually, scalar, Cluster};
 
 /// Concurrency 3, prefetch 4, 20 slow rows: at most 3 handlers run, at most
 /// 7 leases are held (and at least 4 while the backlog lasts, so rows are
@@ -36,9 +36,7 @@ async fn prefetched_rows_wait_for_slots_and_go_back_on_shutdown() {
     config.concurrency = 3;
     config.prefetch = 4;
     config.poll_interval = Duration::from_millis(50);
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("connect");
+    let client = pg_tests::jobs::client(&cluster).await;
     let worker = {
         let (running, most) = (Arc::clone(&running), Arc::clone(&most_running));
         Worker::new(client, config, move |job| {
@@ -136,9 +134,7 @@ async fn two_prefetching_workers_drain_without_giving_rows_back() {
         config.prefetch = 60;
         config.listen = false;
         config.poll_interval = Duration::from_secs(60);
-        let client = Client::connect(&cluster.conn_string(TEST_DB))
-            .await
-            .expect("connect");
+        let client = pg_tests::jobs::client(&cluster).await;
         let worker = Worker::new(client, config, |_job| async { Ok(Outcome::Done) });
         runs.push(pg_tests::workers::spawn(worker));
     }

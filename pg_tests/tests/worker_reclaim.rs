@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pg_lease_client::{CancellationToken, Client, Outcome, Worker, WorkerConfig};
-use pg_tests::{scalar, Cluster, TEST_DB};
+use pg_lease_client::{CancellationToken, Outcome, Worker, WorkerConfig};
+use pg_tests::{scalar, Cluster};
 use serde_json::json;
 
 /// The repro: two rows held by `replica-0` from an earlier run; a
@@ -39,9 +39,7 @@ async fn a_reclaiming_worker_runs_each_of_its_rows_once() {
     config.concurrency = 2;
     config.reclaim_own = true;
     config.poll_interval = Duration::from_millis(100);
-    let client = Client::connect(&cluster.conn_string(TEST_DB))
-        .await
-        .expect("connect");
+    let client = pg_tests::jobs::client(&cluster).await;
     let worker = {
         let (starts, fenced) = (Arc::clone(&starts), Arc::clone(&fenced));
         Worker::new(client, config, move |job| {
