@@ -29,6 +29,16 @@ async fn claim_one(client: &Client, queue: &str, ttl: &str) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
+/// Waits (at most 5 s) until row `id` is in `state`; how long it took.
+async fn state_becomes(client: &tokio_postgres::Client, id: i64, state: &str) -> Duration {
+    eventually(
+        client,
+        &format!("SELECT state = '{state}' FROM lease.job WHERE id = {id}"),
+        Duration::from_secs(5),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn an_expired_lease_is_recovered_by_the_server_alone() {
     let cluster = preloaded();
@@ -39,12 +49,7 @@ async fn an_expired_lease_is_recovered_by_the_server_alone() {
         .expect("setup");
     let (id, epoch) = claim_one(&client, "q", "300 milliseconds").await;
     // The claimer "crashes": it never renews or releases.
-    let took = eventually(
-        &client,
-        &format!("SELECT state = 'pending' FROM lease.job WHERE id = {id}"),
-        Duration::from_secs(5),
-    )
-    .await;
+    let took = state_becomes(&client, id, "pending").await;
     // ttl + sweep interval + slack for a loaded 2-core machine.
     assert!(
         took < Duration::from_millis(300 + 100 + 1500),
@@ -85,12 +90,7 @@ async fn databases_created_later_are_swept_and_can_be_dropped() {
         .await
         .expect("extension in the new database");
     let (id, _) = claim_one(&later, "default", "200 milliseconds").await;
-    eventually(
-        &later,
-        &format!("SELECT state = 'pending' FROM lease.job WHERE id = {id}"),
-        Duration::from_secs(5),
-    )
-    .await;
+    state_becomes(&later, id, "pending").await;
     drop(later);
 
     // A plain DROP DATABASE while the reaper keeps sweeping: never blocked
@@ -196,12 +196,7 @@ async fn poison_work_is_dead_lettered_and_cancelled_work_stays_cancelled() {
     for attempt in 1..=2 {
         let (id, _) = claim_one(&client, "q", "150 milliseconds").await;
         let want = if attempt == 1 { "pending" } else { "dead" };
-        eventually(
-            &client,
-            &format!("SELECT state = '{want}' FROM lease.job WHERE id = {id}"),
-            Duration::from_secs(5),
-        )
-        .await;
+        state_becomes(&client, id, want).await;
     }
     assert_eq!(
         scalar::<i64>(&client, "SELECT count(*) FROM lease.dead_letters").await,
@@ -215,12 +210,7 @@ async fn poison_work_is_dead_lettered_and_cancelled_work_stays_cancelled() {
     let (id, _) = claim_one(&client, "q", "300 milliseconds").await;
     let said: String = scalar(&client, &format!("SELECT lease.cancel({id})")).await;
     assert_eq!(said, "cancel_requested");
-    eventually(
-        &client,
-        &format!("SELECT state = 'cancelled' FROM lease.job WHERE id = {id}"),
-        Duration::from_secs(5),
-    )
-    .await;
+    state_becomes(&client, id, "cancelled").await;
 }
 
 #[tokio::test]
