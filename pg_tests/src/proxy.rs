@@ -1,7 +1,9 @@
 //! A TCP proxy for fault injection: tests point a client at the proxy
 //! instead of the cluster, then pause it (bytes stop flowing both ways, as
-//! in a network partition or a frozen peer) or cut it (every open
-//! connection is closed, as in a server restart or a dropped NAT entry).
+//! in a network partition or a frozen peer), hold back only the server's
+//! answers (a request reaches the server and commits, its answer is late),
+//! or cut it (every open connection is closed, as in a server restart or a
+//! dropped NAT entry).
 //!
 //! ```no_run
 //! # async fn example(cluster: &pg_tests::Cluster) {
@@ -26,12 +28,27 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// What the proxy holds back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pause {
+    Nothing,
+    Both,
+    Answers,
+}
+
+impl Pause {
+    /// Whether bytes from the server (`answers`) or to it stop.
+    fn holds(self, answers: bool) -> bool {
+        self == Pause::Both || (answers && self == Pause::Answers)
+    }
+}
+
 /// A proxy on 127.0.0.1 in front of a cluster's port. Dropping it closes
 /// every connection through it.
 #[derive(Debug)]
 pub struct Proxy {
     port: u16,
-    paused: watch::Sender<bool>,
+    paused: watch::Sender<Pause>,
     cuts: watch::Sender<u64>,
     accepted: Arc<AtomicUsize>,
     acceptor: JoinHandle<()>,
@@ -49,7 +66,7 @@ impl Proxy {
             .local_addr()
             .unwrap_or_else(|e| panic!("pg_tests proxy: no local address: {e}"))
             .port();
-        let (paused, _) = watch::channel(false);
+        let (paused, _) = watch::channel(Pause::Nothing);
         let (cuts, _) = watch::channel(0u64);
         let accepted = Arc::new(AtomicUsize::new(0));
         let acceptor = {
@@ -95,12 +112,19 @@ impl Proxy {
     /// Stops forwarding bytes in both directions on every connection, open
     /// or new; nothing is closed. Requests hang, as in a partition.
     pub fn pause(&self) {
-        self.paused.send_replace(true);
+        self.paused.send_replace(Pause::Both);
     }
 
-    /// Forwards again, including the bytes held back while paused.
+    /// Stops forwarding what the server sends, on every connection; what
+    /// clients send still reaches it. A request is carried out, and its
+    /// answer waits (a new connection's start-up waits too).
+    pub fn hold_answers(&self) {
+        self.paused.send_replace(Pause::Answers);
+    }
+
+    /// Forwards again, including the bytes held back meanwhile.
     pub fn resume(&self) {
-        self.paused.send_replace(false);
+        self.paused.send_replace(Pause::Nothing);
     }
 
     /// Closes every connection currently open through the proxy; new ones
@@ -125,7 +149,7 @@ impl Drop for Proxy {
 async fn forward(
     client: TcpStream,
     target_port: u16,
-    paused: watch::Receiver<bool>,
+    paused: watch::Receiver<Pause>,
     mut cuts: watch::Receiver<u64>,
 ) {
     let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, target_port)).await else {
@@ -137,17 +161,24 @@ async fn forward(
     let (server_read, server_write) = server.into_split();
     // Either direction ending, a cut, or the proxy going away closes both.
     tokio::select! {
-        () = pipe(client_read, server_write, paused.clone()) => {}
-        () = pipe(server_read, client_write, paused) => {}
+        () = pipe(client_read, server_write, paused.clone(), false) => {}
+        () = pipe(server_read, client_write, paused, true) => {}
         _ = cuts.changed() => {}
     }
 }
 
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut paused: watch::Receiver<bool>) {
+/// Copies `from` to `to` while the pause lets this direction (the server's
+/// `answers`, or the client's requests) through.
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut paused: watch::Receiver<Pause>,
+    answers: bool,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         // Hold back before reading too, so nothing moves while paused.
-        while *paused.borrow_and_update() {
+        while paused.borrow_and_update().holds(answers) {
             if paused.changed().await.is_err() {
                 return;
             }
@@ -156,7 +187,7 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut paused: watch
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        while *paused.borrow_and_update() {
+        while paused.borrow_and_update().holds(answers) {
             if paused.changed().await.is_err() {
                 return;
             }

@@ -180,7 +180,8 @@ async fn early_return_error_and_panic_leave_no_claim_behind() {
     let handler_seen = Arc::clone(&seen);
     // Not a test of timeouts. The exact totals below failed once in CI
     // under load; the likely cause: a release outlived config()'s 1 s
-    // timeout, was retried, refused (it had committed) and counted lost.
+    // timeout, was retried, refused (it had committed) and counted lost,
+    // which a_release_answered_late_is_counted_done now covers.
     let mut cfg = config("exits", "w", secs(60));
     cfg.request_timeout = secs(10);
     let worker = Worker::new(c.clone(), cfg, move |job: Job| {
@@ -401,6 +402,64 @@ async fn blocked_renewals_fire_the_token_before_the_database_lease_ends() {
     assert_eq!(job_row(&admin, id).await.owner.as_deref(), Some("w"));
     proxy.resume();
     stop(shutdown, handle).await;
+}
+
+/// A release that the server carried out but whose answer came after the
+/// request timeout is tried again; the retry is refused (the row is no
+/// longer leased) and the worker counts the job done once, not lost.
+///
+/// Failed before `Held::tried` (client/src/worker/release.rs): the summary
+/// said done 1 of 2, lost 1, and the log "release refused: lease already
+/// lost".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_answered_late_is_counted_done() {
+    let cluster = Cluster::start();
+    let admin = cluster.connect().await;
+    let c = client(&cluster).await;
+    queue(&c, "late").await;
+    let proxy = Arc::new(Proxy::start(cluster.port()).await);
+    let via_proxy = Client::connect(&proxy.conn_string(TEST_DB))
+        .await
+        .expect("connect through the proxy");
+    let mut cfg = config("late", "w", secs(20));
+    cfg.request_timeout = ms(500);
+    cfg.listen = false;
+    let handler_proxy = Arc::clone(&proxy);
+    let worker = Worker::new(via_proxy, cfg, move |job: Job| {
+        let proxy = Arc::clone(&handler_proxy);
+        async move {
+            // The first job prepares the release on the connection (a
+            // prepare waits for its answer); the second's release goes out
+            // and commits, and its answer is held past the timeout.
+            if job.payload()["late"] == true {
+                proxy.hold_answers();
+                tokio::spawn(async move {
+                    sleep(ms(1500)).await;
+                    proxy.resume();
+                });
+            }
+            Ok(Outcome::Done)
+        }
+    });
+    let (shutdown, handle) = spawn(worker);
+    for late in [false, true] {
+        let id = c
+            .enqueue("late", &json!({ "late": late }))
+            .await
+            .expect("enqueue");
+        until("the row is done", secs(10), || async {
+            job_row(&admin, id).await.state == "done"
+        })
+        .await;
+    }
+    // Past the answer's hold, and the retry after it.
+    sleep(ms(2500)).await;
+    let summary = stop(shutdown, handle).await;
+    assert_eq!(
+        (summary.done, summary.lost, summary.unreleased),
+        (2, 0, 0),
+        "{summary:?}"
+    );
 }
 
 /// A connection cut under a running job (every connection through the

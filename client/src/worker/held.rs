@@ -23,6 +23,9 @@ pub(super) struct Held {
     pub(super) outcome: Outcome,
     /// The job's local deadline, moved by the heartbeat.
     pub(super) deadline: watch::Receiver<Instant>,
+    /// A release of it failed without an answer (a timeout, a cut
+    /// connection): the server may have carried it out.
+    pub(super) tried: bool,
     armed: bool,
 }
 
@@ -104,6 +107,7 @@ pub(super) fn register(ctx: &Arc<Ctx>, claimed: Claimed) -> Ready {
             lease: lease.clone(),
             outcome: Outcome::Abandon,
             deadline,
+            tried: false,
             armed: true,
         },
         job: Job {

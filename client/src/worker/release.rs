@@ -76,6 +76,17 @@ pub(super) async fn record(
                 for (h, ok) in group.into_iter().zip(released) {
                     if ok {
                         ctx.counters.recorded(&outcome);
+                    } else if h.tried {
+                        // Retries run before the local deadline, while no
+                        // one else can hold the lease: refused now, it was
+                        // the earlier attempt that released it.
+                        tracing::debug!(
+                            id = h.lease.id,
+                            epoch = h.lease.epoch,
+                            outcome = outcome.as_sql(),
+                            "release already carried out by the attempt that went unanswered"
+                        );
+                        ctx.counters.recorded(&outcome);
                     } else {
                         tracing::warn!(
                             id = h.lease.id,
@@ -90,11 +101,14 @@ pub(super) async fn record(
             }
             Err(e) => {
                 tracing::warn!(outcome = outcome.as_sql(), leases = group.len(), error = %e, "release failed");
-                for h in group {
+                for mut h in group {
                     if e.is_invalid_input() || h.deadline() <= now {
                         ctx.counters.unreleased();
                         h.settle();
                     } else {
+                        // Unanswered, it may have been carried out; a
+                        // database error rolled it back.
+                        h.tried |= e.is_connection();
                         recorded.retry.push(h);
                     }
                 }
