@@ -280,10 +280,7 @@ fn claim(
 /// there are any).
 fn recorded(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, recorded: Recorded) -> bool {
     let Recorded { retry, claimed } = recorded;
-    ctx.counters.claimed(claimed.len());
-    for row in &claimed {
-        ctx.counters.claim_wait(row.lease.waited());
-    }
+    ctx.counters.took(&claimed);
     take_up(ctx, claims, leases, claimed);
     let again = !retry.is_empty();
     leases.finished.extend(retry);
@@ -313,17 +310,16 @@ fn claimed(
                 // Rows beyond the free slots expire and come back through
                 // the reaper.
                 claims.reclaiming = false;
+                // How long a reclaimed row waited says nothing of the queue.
+                ctx.counters.claimed(got);
             } else {
                 tracing::debug!(queue = %cfg.queue, claimed = got, asked, "claimed");
-                for row in &rows {
-                    ctx.counters.claim_wait(row.lease.waited());
-                }
+                ctx.counters.took(&rows);
                 if got < asked {
                     claims.idle = true;
                     claims.not_before = Instant::now() + cfg.poll_interval;
                 }
             }
-            ctx.counters.claimed(got);
             take_up(ctx, claims, leases, rows);
             Ok(())
         }

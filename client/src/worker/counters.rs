@@ -7,7 +7,7 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram};
 
 use super::job::Summary;
-use crate::lease::Outcome;
+use crate::lease::{Claimed, Outcome};
 use crate::metrics as m;
 
 /// Counts for the [`Summary`], each also sent to the `metrics` recorder
@@ -104,9 +104,15 @@ impl Counters {
         add(&self.claimed, &self.metrics.claimed, n as u64);
     }
 
-    /// A claimed row had been claimable for `waited` (database clock).
-    pub(super) fn claim_wait(&self, waited: Duration) {
-        self.metrics.claim_wait.record(waited.as_secs_f64());
+    /// Rows a claim took, each with how long it had been claimable
+    /// (database clock).
+    pub(super) fn took(&self, rows: &[Claimed]) {
+        self.claimed(rows.len());
+        for row in rows {
+            self.metrics
+                .claim_wait
+                .record(row.lease.waited().as_secs_f64());
+        }
     }
 
     pub(super) fn recorded(&self, outcome: &Outcome) {
