@@ -38,7 +38,10 @@
 //!   owner finished it); a cancel-requested row never goes back to pending.
 //! * `no_txn_during_handler` — no worker session sits idle in transaction
 //!   for more than 300 ms (handlers run outside transactions), except a
-//!   worker the test itself stopped or partitioned.
+//!   worker the test itself stopped or partitioned, or a `Worker` process
+//!   that a `stall` item froze (its only thread blocked, a transaction of
+//!   another slot waits with it: seen once in CI on 2026-12-02, 17 samples
+//!   of one w3-t0 session after `lease.fence`).
 //!
 //! The control (`control_without_fencing_finds_violations`) runs the same
 //! workload with the worker's test-only switch `mode=unfenced` (writes
@@ -108,6 +111,8 @@ const HANG_BUDGET_MS: u64 = 4 * TTL_MS;
 const SLACK_MS: u64 = 3000;
 /// A worker session idle in transaction longer than this is a violation.
 const IDLE_IN_TXN_MS: u64 = 300;
+/// How long a `stall` item freezes its process (3 × ttl), with slack.
+const STALL_MS: u64 = 3 * TTL_MS + 300;
 
 /// The tests share the machine's two cores: one run at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -629,7 +634,11 @@ async fn sample_loop(
            FROM pg_stat_activity
           WHERE application_name ~ '^w[0-9]+-t[0-9]+$'
             AND state LIKE 'idle in transaction%'
-            AND clock_timestamp() - state_change > interval '{IDLE_IN_TXN_MS} milliseconds'"
+            AND clock_timestamp() - state_change > interval '{IDLE_IN_TXN_MS} milliseconds'
+            -- The process froze itself meanwhile (fault_client_worker's stall).
+            AND NOT EXISTS (SELECT FROM fault.notes n
+                             WHERE n.kind = 'stalling' AND n.owner = application_name
+                               AND n.at > state_change - interval '{STALL_MS} milliseconds')"
     );
     while !stop.load(Ordering::SeqCst) {
         if let Ok(rows) = db.query(&sql).await {

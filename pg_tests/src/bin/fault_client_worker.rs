@@ -113,7 +113,9 @@ async fn handle(cfg: Arc<Config>, job: Job) -> HandlerResult {
             return Ok(Outcome::retry("hung handler given up"));
         }
         if first && item.kind == "stall" && step == 2 {
-            // Blocks the runtime's only thread: heartbeats stop too.
+            // Blocks the runtime's only thread: heartbeats stop too, and so
+            // does a transaction another slot has open (the note excuses it).
+            note(&cfg, "stalling", &job).await;
             std::thread::sleep(cfg.ttl * 3);
             stale_ops(&cfg, &job).await;
             return Ok(Outcome::retry("stalled"));
