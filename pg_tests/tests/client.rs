@@ -798,6 +798,56 @@ async fn polling_finds_work_when_listen_is_off() {
     stop(shutdown, handle).await;
 }
 
+/// Polling goes on after a handler that ends once the next poll was due.
+/// On a current-thread runtime a handler that blocks its thread makes
+/// that certain: when it returns, its completion and the poll timer are
+/// ready together, and the completion is taken first.
+///
+/// Failed on the code before this test (CI caught it as a stalled
+/// `early_return_error_and_panic_leave_no_claim_behind`, where printing
+/// the panic's backtrace took a second): the loop kept waiting to be woken
+/// for a poll whose time had passed, never polled again, and the row
+/// enqueued after the first one was never claimed.
+#[tokio::test(flavor = "current_thread")]
+async fn polling_goes_on_after_a_handler_outlasts_the_poll_interval() {
+    let cluster = Cluster::start();
+    let admin = cluster.connect().await;
+    let c = client(&cluster).await;
+    queue(&c, "late").await;
+    let first = c
+        .enqueue("late", &json!({ "block_ms": 500 }))
+        .await
+        .expect("enqueue");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut cfg = config("late", "w", secs(30));
+    cfg.listen = false;
+    let worker = Worker::new(c.clone(), cfg, move |job: Job| {
+        let tx = tx.clone();
+        async move {
+            if let Some(block) = job.payload()["block_ms"].as_u64() {
+                // Blocks the runtime's only thread: the worker's loop cannot
+                // see its poll timer fire meanwhile.
+                std::thread::sleep(ms(block));
+            }
+            let _ = tx.send(job.lease().id());
+            Ok(Outcome::Done)
+        }
+    });
+    let (shutdown, handle) = spawn(worker);
+    assert_eq!(rx.recv().await, Some(first));
+    until("the first row is recorded", secs(5), || async {
+        job_row(&admin, first).await.state == "done"
+    })
+    .await;
+    let second = c.enqueue("late", &json!({})).await.expect("enqueue");
+    let got = timeout(secs(5), rx.recv())
+        .await
+        .expect("picked up by the next poll")
+        .expect("handler ran");
+    assert_eq!(got, second);
+    stop(shutdown, handle).await;
+}
+
 /// Graceful shutdown drains: the worker stops claiming at once, lets the
 /// running handlers finish and records them, and leaves the other rows
 /// untouched (never claimed).

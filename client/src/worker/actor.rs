@@ -171,6 +171,13 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 });
             }
         }
+        // An idle claim side polls again once the poll interval is over,
+        // whichever event woke the loop: the timer's own branch may never
+        // be taken (another branch ready at the same time wins, and the
+        // timer is not armed again once its time has passed).
+        if claims.idle && claims.not_before <= now {
+            claims.idle = false;
+        }
         if claiming.is_none() && claims.open && !claims.idle && claims.not_before <= now {
             let asked = budget.saturating_sub(leases.held()).min(MAX_BATCH);
             if asked > 0 {
@@ -222,11 +229,8 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 claims.idle = false;
                 claims.not_before = Instant::now();
             }
-            () = sleep_until(due), if due.is_some() => {
-                if claims.idle && claims.not_before <= Instant::now() {
-                    claims.idle = false;
-                }
-            }
+            // Only wakes the loop; what is due is decided at its top.
+            () = sleep_until(due), if due.is_some() => {}
             () = sleep_until(grace), if grace.is_some() && !ctx.hard_stop.is_cancelled() => {
                 ctx.hard_stop.cancel();
             }
