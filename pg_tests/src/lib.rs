@@ -7,6 +7,10 @@
 //! in parallel, and can restart or break a server without affecting others.
 //! Dropping the [`Cluster`] stops the server and deletes the data directory.
 //!
+//! The modules hold what several test files share; CONTRIBUTING.md ("Writing
+//! a test in pg_tests/") says how a test is laid out and why the
+//! duplicates tool's shape pairs between test bodies are left as they are.
+//!
 //! PostgreSQL refuses to run as root, so when the test process is root the
 //! server tools are run as the OS user `postgres` through `runuser`.
 //!
@@ -31,6 +35,7 @@ pub mod child;
 pub mod jobs;
 pub mod proxy;
 mod rng;
+pub mod service_instances;
 pub mod sql_install;
 pub mod workers;
 

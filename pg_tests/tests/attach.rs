@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_lease_client::{Outcome, Worker, WorkerConfig};
+use pg_tests::service_instances::{self, delete_under_fence, publish_under_fence};
 use pg_tests::workers::{spawn, stop};
 use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig};
 use tokio::time::sleep;
@@ -50,21 +51,6 @@ fn worker_config(queue: &str, owner: &str, ttl: Duration) -> WorkerConfig {
 
 // ---- deferred deletions -------------------------------------------------------
 
-async fn service_instances(pg: &tokio_postgres::Client, scheduled: i64, running: i64) {
-    pg.batch_execute(&format!(
-        "CREATE TABLE service_instances (id bigint PRIMARY KEY, status text NOT NULL);
-         INSERT INTO service_instances
-              SELECT g, CASE WHEN g <= {scheduled} THEN 'SCHEDULED' ELSE 'RUNNING' END
-                FROM generate_series(1, {scheduled} + {running}) g;
-         -- What the broker received: one row per publication.
-         CREATE TABLE published (instance bigint, attempt text, at timestamptz DEFAULT clock_timestamp());
-         SELECT lease.attach('service_instances', pending => $$status = 'SCHEDULED'$$,
-                             backoff_base => '0', backoff_max => '0');"
-    ))
-    .await
-    .expect("service_instances");
-}
-
 /// Three replicas run the same `Worker` over the attached table: each
 /// publishes a scheduled row (a fenced insert, with the attempt id as the
 /// message id), keeps the lease while the broker's acknowledgement takes up
@@ -80,7 +66,13 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
     const SCHEDULED: i64 = 120;
     let cluster = cluster_with_reaper();
     let pg = cluster.connect().await;
-    service_instances(&pg, SCHEDULED, 30).await;
+    service_instances::create(
+        &pg,
+        SCHEDULED,
+        30,
+        ", backoff_base => '0', backoff_max => '0'",
+    )
+    .await;
 
     let ttl = Duration::from_millis(800);
     let mut replicas = Vec::new();
@@ -94,25 +86,12 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
                 let domain = Arc::clone(&domain);
                 async move {
                     let key: i64 = job.lease().key().unwrap_or_default().parse()?;
-                    let token = job.token();
-                    domain
-                        .execute(
-                            "INSERT INTO published (instance, attempt)
-                             SELECT $1, $2 WHERE lease.fence($3, $4) IS NOT NULL",
-                            &[&key, &job.attempt_id(), &token.id, &token.epoch],
-                        )
-                        .await?;
+                    publish_under_fence(&domain, key, &job).await?;
                     // The acknowledgement arrives asynchronously, sometimes
                     // well after the ttl; the worker renews meanwhile.
                     let wait = 200 + (key as u64 * 37) % 1000;
                     sleep(Duration::from_millis(wait)).await;
-                    domain
-                        .execute(
-                            "UPDATE service_instances SET status = 'DELETED'
-                              WHERE id = $1 AND lease.fence($2, $3) IS NOT NULL",
-                            &[&key, &token.id, &token.epoch],
-                        )
-                        .await?;
+                    delete_under_fence(&domain, key, job.token()).await?;
                     Ok(Outcome::Finished)
                 }
             },
@@ -162,6 +141,16 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
     );
 }
 
+/// The broker never acknowledged: the row is retried.
+async fn no_ack(pg: &tokio_postgres::Client, id: i64, epoch: i64) {
+    pg.execute(
+        "SELECT lease.release($1, 'replica', $2, 'retry', error => 'no ack')",
+        &[&id, &epoch],
+    )
+    .await
+    .expect("retry");
+}
+
 /// 150 scheduled rows whose acknowledgement never comes are retried at once
 /// (no backoff: the harshest case), batch after batch of 100; rows
 /// scheduled later are still each claimed within three batches, because a
@@ -173,25 +162,13 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
 async fn unacknowledged_rows_do_not_starve_newer_ones() {
     let cluster = Cluster::start();
     let pg = cluster.connect().await;
-    pg.batch_execute(
-        "CREATE TABLE service_instances (id bigint PRIMARY KEY, status text NOT NULL);
-         INSERT INTO service_instances SELECT g, 'SCHEDULED' FROM generate_series(1, 150) g;
-         SELECT lease.attach('service_instances', pending => $$status = 'SCHEDULED'$$,
-                             backoff_base => '0', backoff_max => '0');",
-    )
-    .await
-    .expect("setup");
+    service_instances::create(&pg, 150, 0, ", backoff_base => '0', backoff_max => '0'").await;
 
     let mut batches = 0;
     // Two rounds of unacknowledged work first: every old row has failed once.
     for _ in 0..2 {
         for (id, _, epoch) in claim(&pg, 100, 60_000, "replica", "service_instances").await {
-            pg.execute(
-                "SELECT lease.release($1, 'replica', $2, 'retry', error => 'no ack')",
-                &[&id, &epoch],
-            )
-            .await
-            .expect("retry");
+            no_ack(&pg, id, epoch).await;
         }
         batches += 1;
     }
@@ -206,12 +183,7 @@ async fn unacknowledged_rows_do_not_starve_newer_ones() {
             if key.parse::<i64>().expect("key") > 1000 {
                 fresh_seen += 1;
             }
-            pg.execute(
-                "SELECT lease.release($1, 'replica', $2, 'retry', error => 'no ack')",
-                &[&id, &epoch],
-            )
-            .await
-            .expect("retry");
+            no_ack(&pg, id, epoch).await;
         }
         batches += 1;
         if fresh_seen == 10 {
@@ -235,7 +207,7 @@ async fn unacknowledged_rows_do_not_starve_newer_ones() {
 async fn a_replica_that_exits_early_leaves_nothing_stalled() {
     let cluster = Cluster::start();
     let pg = cluster.connect().await;
-    service_instances(&pg, 10, 0).await;
+    service_instances::create(&pg, 10, 0, ", backoff_base => '0', backoff_max => '0'").await;
     let ttl = Duration::from_secs(30);
 
     let mut early = worker_config("service_instances", "early", ttl);
@@ -267,14 +239,7 @@ async fn a_replica_that_exits_early_leaves_nothing_stalled() {
             async move {
                 let key: i64 = job.lease().key().unwrap_or_default().parse()?;
                 assert_eq!(job.lease().attempt(), 1, "the abandoned attempt counted");
-                let token = job.token();
-                domain
-                    .execute(
-                        "UPDATE service_instances SET status = 'DELETED'
-                          WHERE id = $1 AND lease.fence($2, $3) IS NOT NULL",
-                        &[&key, &token.id, &token.epoch],
-                    )
-                    .await?;
+                delete_under_fence(&domain, key, job.token()).await?;
                 Ok(Outcome::Finished)
             }
         },

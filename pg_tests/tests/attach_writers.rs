@@ -21,6 +21,7 @@ use std::future::Future;
 use pg_lease_client::{
     CancellationToken, Client, HandlerResult, Job, Outcome, Summary, Worker, WorkerConfig,
 };
+use pg_tests::service_instances::{self, publish_under_fence};
 use pg_tests::workers::{self, stop};
 use pg_tests::{eventually, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
 use tokio::time::{sleep, timeout};
@@ -81,14 +82,7 @@ async fn acknowledgements_applied_by_a_consumer_never_deadlock() {
     const SCHEDULED: i64 = 80;
     let cluster = cluster();
     let pg = cluster.connect().await;
-    pg.batch_execute(&format!(
-        "CREATE TABLE service_instances (id bigint PRIMARY KEY, status text NOT NULL);
-         INSERT INTO service_instances SELECT g, 'SCHEDULED' FROM generate_series(1, {SCHEDULED}) g;
-         CREATE TABLE published (instance bigint, attempt text);
-         SELECT lease.attach('service_instances', pending => $$status = 'SCHEDULED'$$);"
-    ))
-    .await
-    .expect("service_instances");
+    service_instances::create(&pg, SCHEDULED, 0, "").await;
     let url = cluster.conn_string(TEST_DB);
 
     let mut replicas = Vec::new();
@@ -104,13 +98,7 @@ async fn acknowledgements_applied_by_a_consumer_never_deadlock() {
                 let domain = Arc::clone(&domain);
                 async move {
                     let key: i64 = job.lease().key().unwrap_or_default().parse()?;
-                    let token = job.token();
-                    domain
-                        .execute(
-                            "INSERT INTO published SELECT $1, $2 WHERE lease.fence($3, $4) IS NOT NULL",
-                            &[&key, &job.attempt_id(), &token.id, &token.epoch],
-                        )
-                        .await?;
+                    publish_under_fence(&domain, key, &job).await?;
                     // Held until the consumer moves the row on: the lease
                     // then ends and the heartbeat reports it lost.
                     let _ = timeout(Duration::from_secs(30), job.cancelled()).await;

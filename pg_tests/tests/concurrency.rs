@@ -41,6 +41,31 @@ async fn release(client: &Client, id: i64, owner: &str, epoch: i64, outcome: &st
         .get(0)
 }
 
+/// Renews `owner`'s lease on row `id` for a minute; whether it was held.
+async fn renewed(client: &Client, id: i64, owner: &str, epoch: i64) -> bool {
+    client
+        .query_one(
+            "SELECT held FROM lease.renew($1, $2, $3, '1 minute')",
+            &[&id, &owner, &epoch],
+        )
+        .await
+        .expect("renew")
+        .get(0)
+}
+
+/// Writes `{"by": by}` as row `id`'s payload under the fence; whether it
+/// was written.
+async fn fenced_update(client: &Client, id: i64, epoch: i64, by: &str) -> bool {
+    client
+        .query_one(
+            "SELECT lease.fenced_update($1, $2, jsonb_build_object('by', $3::text))",
+            &[&id, &epoch, &by],
+        )
+        .await
+        .expect("fenced_update")
+        .get(0)
+}
+
 /// What the racing claimers observed.
 #[derive(Default)]
 struct Observed {
@@ -263,26 +288,14 @@ async fn a_zombie_cannot_touch_a_row_after_takeover() {
 
     let (got, a_epoch) = claim(&a, 1, 300, "A", "default").await[0];
     assert_eq!(got, id);
-    assert!(a
-        .query_one(
-            "SELECT lease.fenced_update($1, $2, '{\"by\": \"A\"}')",
-            &[&id, &a_epoch]
-        )
-        .await
-        .expect("fenced_update")
-        .get::<_, bool>(0));
+    assert!(fenced_update(&a, id, a_epoch, "A").await);
 
     // A pauses past its ttl. Even before anyone reaps, its lease is gone.
     tokio::time::sleep(Duration::from_millis(450)).await;
-    let held: bool = a
-        .query_one(
-            "SELECT held FROM lease.renew($1, 'A', $2, '1 minute')",
-            &[&id, &a_epoch],
-        )
-        .await
-        .expect("renew")
-        .get(0);
-    assert!(!held, "an expired lease must not be renewable");
+    assert!(
+        !renewed(&a, id, "A", a_epoch).await,
+        "an expired lease must not be renewable"
+    );
 
     let reaped = scalar::<i64>(
         &admin,
@@ -299,40 +312,20 @@ async fn a_zombie_cannot_touch_a_row_after_takeover() {
     let (got, b_epoch) = claim(&b, 1, 60_000, "B", "default").await[0];
     assert_eq!(got, id);
     assert!(b_epoch > a_epoch);
-    assert!(b
-        .query_one(
-            "SELECT lease.fenced_update($1, $2, '{\"by\": \"B\"}')",
-            &[&id, &b_epoch]
-        )
-        .await
-        .expect("fenced_update")
-        .get::<_, bool>(0));
+    assert!(fenced_update(&b, id, b_epoch, "B").await);
 
     // The zombie wakes up and tries everything.
-    let renewed: bool = a
-        .query_one(
-            "SELECT held FROM lease.renew($1, 'A', $2, '1 minute')",
-            &[&id, &a_epoch],
-        )
-        .await
-        .expect("renew")
-        .get(0);
-    assert!(!renewed);
+    assert!(!renewed(&a, id, "A", a_epoch).await);
     for outcome in ["done", "retry", "fail", "abandon"] {
         assert!(
             !release(&a, id, "A", a_epoch, outcome).await,
             "zombie release {outcome}"
         );
     }
-    let wrote: bool = a
-        .query_one(
-            "SELECT lease.fenced_update($1, $2, '{\"by\": \"A-late\"}')",
-            &[&id, &a_epoch],
-        )
-        .await
-        .expect("fenced_update")
-        .get(0);
-    assert!(!wrote, "zombie fenced_update must be refused");
+    assert!(
+        !fenced_update(&a, id, a_epoch, "A-late").await,
+        "zombie fenced_update must be refused"
+    );
     a.batch_execute("BEGIN").await.expect("begin");
     let err = a
         .query_one("SELECT lease.fence($1, $2)", &[&id, &a_epoch])

@@ -17,6 +17,14 @@ fn preloaded() -> Cluster {
     Cluster::start_with(ClusterConfig::with_reaper(Duration::from_millis(100)))
 }
 
+/// [`preloaded`], and a connection to it that has run `setup`.
+async fn preloaded_with(setup: &str) -> (Cluster, Client) {
+    let cluster = preloaded();
+    let client = cluster.connect().await;
+    client.batch_execute(setup).await.expect("setup");
+    (cluster, client)
+}
+
 /// Claims one row of `queue` with the given ttl; returns (id, epoch).
 async fn claim_one(client: &Client, queue: &str, ttl: &str) -> (i64, i64) {
     let row = client
@@ -29,8 +37,19 @@ async fn claim_one(client: &Client, queue: &str, ttl: &str) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
+/// Leaves a lease in queue `default` that expires in 100 ms: work for
+/// the reaper.
+async fn leave_an_expiring_lease(client: &Client) {
+    client
+        .batch_execute(
+            "SELECT lease.enqueue('default', '{}'); SELECT lease.claim_pending(1, '100 ms', 'w')",
+        )
+        .await
+        .expect("a lease");
+}
+
 /// Waits (at most 5 s) until row `id` is in `state`; how long it took.
-async fn state_becomes(client: &tokio_postgres::Client, id: i64, state: &str) -> Duration {
+async fn state_becomes(client: &Client, id: i64, state: &str) -> Duration {
     eventually(
         client,
         &format!("SELECT state = '{state}' FROM lease.job WHERE id = {id}"),
@@ -41,12 +60,7 @@ async fn state_becomes(client: &tokio_postgres::Client, id: i64, state: &str) ->
 
 #[tokio::test]
 async fn an_expired_lease_is_recovered_by_the_server_alone() {
-    let cluster = preloaded();
-    let client = cluster.connect().await;
-    client
-        .batch_execute("SELECT lease.create_queue('q', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('q', '{}')")
-        .await
-        .expect("setup");
+    let (cluster, client) = preloaded_with("SELECT lease.create_queue('q', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('q', '{}')").await;
     let (id, epoch) = claim_one(&client, "q", "300 milliseconds").await;
     // The claimer "crashes": it never renews or releases.
     let took = state_becomes(&client, id, "pending").await;
@@ -167,12 +181,7 @@ async fn a_terminated_launcher_comes_back() {
     )
     .await;
     // And it recovers expired leases again.
-    client
-        .batch_execute(
-            "SELECT lease.enqueue('default', '{}'); SELECT lease.claim_pending(1, '100 ms', 'w')",
-        )
-        .await
-        .expect("a lease");
+    leave_an_expiring_lease(&client).await;
     eventually(
         &client,
         "SELECT state = 'pending' FROM lease.job",
@@ -183,15 +192,10 @@ async fn a_terminated_launcher_comes_back() {
 
 #[tokio::test]
 async fn poison_work_is_dead_lettered_and_cancelled_work_stays_cancelled() {
-    let cluster = preloaded();
-    let client = cluster.connect().await;
-    client
-        .batch_execute(
+    let (_cluster, client) = preloaded_with(
             "SELECT lease.create_queue('q', max_attempts => 2, backoff_base => '0', backoff_max => '0');
              SELECT lease.enqueue('q', '{\"poison\": true}');",
-        )
-        .await
-        .expect("setup");
+        ).await;
     // Two claimers crash on the poison row, one after the other.
     for attempt in 1..=2 {
         let (id, _) = claim_one(&client, "q", "150 milliseconds").await;
@@ -215,12 +219,7 @@ async fn poison_work_is_dead_lettered_and_cancelled_work_stays_cancelled() {
 
 #[tokio::test]
 async fn finished_rows_are_purged_after_retention() {
-    let cluster = preloaded();
-    let client = cluster.connect().await;
-    client
-        .batch_execute("SELECT lease.create_queue('q', retention => '200 milliseconds'); SELECT lease.enqueue('q', '{}')")
-        .await
-        .expect("setup");
+    let (_cluster, client) = preloaded_with("SELECT lease.create_queue('q', retention => '200 milliseconds'); SELECT lease.enqueue('q', '{}')").await;
     let (id, epoch) = claim_one(&client, "q", "1 minute").await;
     let done: bool = scalar(
         &client,
@@ -247,12 +246,7 @@ async fn finished_rows_are_purged_after_retention() {
 
 #[tokio::test]
 async fn listeners_are_notified_when_expired_work_is_claimable_again() {
-    let cluster = preloaded();
-    let client = cluster.connect().await;
-    client
-        .batch_execute("SELECT lease.create_queue('wake', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('wake', '{}')")
-        .await
-        .expect("setup");
+    let (cluster, client) = preloaded_with("SELECT lease.create_queue('wake', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('wake', '{}')").await;
     let (id, _) = claim_one(&client, "wake", "300 milliseconds").await;
 
     let (listener, mut connection) = tokio_postgres::connect(&cluster.conn_string(TEST_DB), NoTls)
@@ -322,12 +316,7 @@ async fn settings_reload_on_sighup() {
         admin.batch_execute(sql).await.expect(sql);
     }
     // An idle database is swept only when it has work: give it some.
-    client
-        .batch_execute(
-            "SELECT lease.enqueue('default', '{}'); SELECT lease.claim_pending(1, '100 ms', 'w')",
-        )
-        .await
-        .expect("a lease");
+    leave_an_expiring_lease(&client).await;
     eventually(
         &client,
         &format!("SELECT sweeps > {paused} FROM lease.reaper_stats"),
