@@ -6,10 +6,10 @@
 use pg_lease_client::{FencingToken, Job};
 use tokio_postgres::Client;
 
-/// Creates `service_instances` with `scheduled` SCHEDULED rows (ids from
-/// 1) and `running` RUNNING ones after them, and `published`, and
-/// attaches the table (`pending => status = 'SCHEDULED'`). `attach_options`
-/// is appended to the `lease.attach` call, e.g. `", backoff_base => '0'"`.
+/// Creates `service_instances` with `scheduled` SCHEDULED rows, ids
+/// counting from one, and `running` RUNNING ones after them; creates
+/// `published`; attaches the table (`pending => status = 'SCHEDULED'`),
+/// with `attach_options` appended to the call (e.g. `", backoff_base => '0'"`).
 pub async fn create(pg: &Client, scheduled: i64, running: i64, attach_options: &str) {
     pg.batch_execute(&format!(
         "CREATE TABLE service_instances (id bigint PRIMARY KEY, status text NOT NULL);
