@@ -80,9 +80,9 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
         for (oid, name) in listed {
             if known.due(oid, shared::touched(&touched, oid)) {
                 shared::clear_verdict();
-                sweeper::sweep(oid, &name);
+                sweeper::sweep(oid, &name, known.vacuum_left(oid));
                 let verdict = shared::take_verdict(oid);
-                known.record(oid, verdict, shared::next_due());
+                known.record(oid, verdict, shared::next_due(), shared::take_vacuumed());
             }
         }
     }
@@ -110,6 +110,8 @@ struct Knowledge {
     /// absent: an install asked for it, and its transaction may not have
     /// committed at the first look.
     eager_until: Option<Instant>,
+    /// Dead rows the last vacuum of its `lease.job` could not remove.
+    vacuum_left: u64,
 }
 
 impl Known {
@@ -137,15 +139,22 @@ impl Known {
 
     /// Records what a sweeper found. One that failed before it could tell
     /// leaves what was known and is tried again next pass.
-    fn record(&mut self, oid: pg_sys::Oid, verdict: Option<Verdict>, next_due_ms: Option<u64>) {
+    fn record(
+        &mut self,
+        oid: pg_sys::Oid,
+        verdict: Option<Verdict>,
+        next_due_ms: Option<u64>,
+        vacuum_left: Option<u64>,
+    ) {
         let now = Instant::now();
-        let entry = self.databases.entry(oid).or_insert(Knowledge {
-            installed: false,
-            checked_at: now,
-            due_at: None,
-            eager_until: None,
-        });
+        let entry = self
+            .databases
+            .entry(oid)
+            .or_insert_with(|| Knowledge::unknown(None));
         entry.checked_at = now;
+        if let Some(left) = vacuum_left {
+            entry.vacuum_left = left;
+        }
         match verdict {
             Some(verdict) => {
                 entry.installed = verdict == Verdict::Installed;
@@ -156,15 +165,13 @@ impl Known {
     }
 
     fn rediscover(&mut self, oid: pg_sys::Oid) {
-        self.databases.insert(
-            oid,
-            Knowledge {
-                installed: false,
-                checked_at: Instant::now(),
-                due_at: None,
-                eager_until: Some(Instant::now() + EAGER_LOOK),
-            },
-        );
+        self.databases
+            .insert(oid, Knowledge::unknown(Some(Instant::now() + EAGER_LOOK)));
+    }
+
+    /// What the last vacuum of `oid`'s `lease.job` left (0: none yet).
+    fn vacuum_left(&self, oid: pg_sys::Oid) -> u64 {
+        self.databases.get(&oid).map_or(0, |k| k.vacuum_left)
     }
 
     /// Whether this pass may have something to do: the first pass, a
@@ -185,6 +192,19 @@ impl Known {
         self.listed_at = Some(Instant::now());
         self.databases
             .retain(|oid, _| listed.iter().any(|(o, _)| o == oid));
+    }
+}
+
+impl Knowledge {
+    /// A database just seen, or asked about by an install.
+    fn unknown(eager_until: Option<Instant>) -> Self {
+        Knowledge {
+            installed: false,
+            checked_at: Instant::now(),
+            due_at: None,
+            eager_until,
+            vacuum_left: 0,
+        }
     }
 }
 

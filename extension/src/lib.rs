@@ -3,8 +3,8 @@
 //! The SQL surface lives in `sql/` at the top of the repository, one file per
 //! concept, and is pulled into the extension script here in dependency order.
 //! Rust adds what SQL cannot: the background reaper ([`launcher`] and
-//! [`sweeper`]) and its [`settings`], active when the library is in
-//! `shared_preload_libraries`.
+//! [`sweeper`], which also [`vacuum`]s `lease.job`) and its [`settings`],
+//! active when the library is in `shared_preload_libraries`.
 
 use pgrx::prelude::*;
 
@@ -15,6 +15,7 @@ pub mod predicate;
 pub mod settings;
 pub mod shared;
 pub mod sweeper;
+pub mod vacuum;
 
 ::pgrx::pg_module_magic!();
 

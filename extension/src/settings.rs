@@ -29,6 +29,11 @@ pub static DISCOVERY_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(300);
 /// at most [`MAX_BATCHES_PER_SWEEP`] such transactions per database.
 pub static SWEEP_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
+/// `lease.vacuum_dead_rows`: the sweeper vacuums `lease.job` when its dead
+/// row versions outnumber its live rows by this many ([`crate::vacuum`]);
+/// 0 leaves it to autovacuum.
+pub static VACUUM_DEAD_ROWS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
 /// `lease.database`: where the launcher connects to list databases. It
 /// stays connected, so that database cannot be dropped while the server
 /// runs with pg_lease preloaded.
@@ -77,6 +82,16 @@ pub fn define() {
         &SWEEP_BATCH,
         1,
         10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"lease.vacuum_dead_rows",
+        c"Dead row versions beyond its live rows at which the reaper vacuums lease.job.",
+        c"Autovacuum visits a database once per naptime, too rarely for a busy queue; 0 leaves lease.job to autovacuum.",
+        &VACUUM_DEAD_ROWS,
+        0,
+        i32::MAX,
         GucContext::Sighup,
         GucFlags::default(),
     );

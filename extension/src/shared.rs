@@ -34,6 +34,11 @@ static VERDICT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease sweep ve
 /// before the verdict, read after it.
 static NEXT_DUE: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease next due") };
 
+/// Dead rows the last sweeper's vacuum of `lease.job` left
+/// ([`crate::vacuum`]); `NOT_VACUUMED` when it did not vacuum.
+static VACUUM_LEFT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease vacuum left") };
+const NOT_VACUUMED: u64 = u64::MAX;
+
 /// Bit `oid % TOUCH_BITS` is set when a transaction of that database that
 /// may have created work for the reaper commits. Collisions only cost an
 /// extra sweep.
@@ -66,6 +71,7 @@ pub enum Verdict {
 pub fn init() {
     pg_shmem_init!(VERDICT = AtomicU64::new(0));
     pg_shmem_init!(NEXT_DUE = AtomicU64::new(0));
+    pg_shmem_init!(VACUUM_LEFT = AtomicU64::new(NOT_VACUUMED));
     pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
@@ -107,6 +113,27 @@ pub fn next_due() -> Option<u64> {
     match NEXT_DUE.get().swap(0, Ordering::AcqRel) {
         0 => None,
         ms => Some(ms),
+    }
+}
+
+/// Sweeper side: its vacuum of `lease.job` left `left` dead rows.
+pub fn report_vacuumed(left: u64) {
+    if preloaded() {
+        VACUUM_LEFT
+            .get()
+            .store(left.min(NOT_VACUUMED - 1), Ordering::Release);
+    }
+}
+
+/// Launcher side, after the sweeper exited: what its vacuum left, if it
+/// vacuumed.
+pub fn take_vacuumed() -> Option<u64> {
+    if !preloaded() {
+        return None;
+    }
+    match VACUUM_LEFT.get().swap(NOT_VACUUMED, Ordering::AcqRel) {
+        NOT_VACUUMED => None,
+        left => Some(left),
     }
 }
 
@@ -160,6 +187,7 @@ pub fn clear_verdict() {
     if preloaded() {
         VERDICT.get().store(0, Ordering::Release);
         NEXT_DUE.get().store(0, Ordering::Release);
+        VACUUM_LEFT.get().store(NOT_VACUUMED, Ordering::Release);
     }
 }
 

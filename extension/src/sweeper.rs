@@ -4,20 +4,22 @@
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use crate::settings;
 use crate::shared::{self, Verdict};
+use crate::{settings, vacuum};
 
 /// `backend_type` of a sweeper in `pg_stat_activity`.
 pub const SWEEPER_TYPE: &str = "pg_lease sweeper";
 
 /// Starts a sweeper for database `oid` and waits until it is done. Called by
-/// the launcher, one database at a time.
-pub fn sweep(oid: pg_sys::Oid, name: &str) {
+/// the launcher, one database at a time; `vacuum_left` is how many dead rows
+/// the last vacuum of its `lease.job` could not remove ([`vacuum::due`]).
+pub fn sweep(oid: pg_sys::Oid, name: &str, vacuum_left: u64) {
     let started = BackgroundWorkerBuilder::new(&format!("{SWEEPER_TYPE} {name}"))
         .set_type(SWEEPER_TYPE)
         .set_library("pg_lease")
         .set_function("pg_lease_sweeper_main")
         .set_argument(oid.into_datum())
+        .set_extra(&vacuum_left.to_string())
         .enable_spi_access()
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic();
@@ -56,16 +58,31 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
     for _ in 0..settings::MAX_BATCHES_PER_SWEEP {
         // One short transaction per batch: its timestamps are fresh and it
         // holds row locks only briefly.
-        let full = BackgroundWorker::transaction(|| sweep_once(oid, batch));
-        if !full || BackgroundWorker::sigterm_received() {
-            break;
+        match BackgroundWorker::transaction(|| sweep_once(oid, batch)) {
+            Batch::Full if !BackgroundWorker::sigterm_received() => continue,
+            Batch::Full | Batch::Partial => break,
+            Batch::Skipped => return,
         }
+    }
+    // Last, so that a vacuum that fails cannot cost the sweep its verdict.
+    let left_before = BackgroundWorker::get_extra().parse().unwrap_or(0);
+    if !BackgroundWorker::sigterm_received() && vacuum::due(left_before) {
+        shared::report_vacuumed(vacuum::run());
     }
 }
 
-/// Runs one `lease.sweep(batch)` if this database has pg_lease; returns
-/// whether a batch came back full (so another one may be worth running).
-fn sweep_once(oid: pg_sys::Oid, batch: i32) -> bool {
+/// What one batch of a sweep did.
+enum Batch {
+    /// It came back full: another one may be worth running.
+    Full,
+    /// It swept what there was.
+    Partial,
+    /// pg_lease is not installed, or the sweep failed.
+    Skipped,
+}
+
+/// Runs one `lease.sweep(batch)` if this database has pg_lease.
+fn sweep_once(oid: pg_sys::Oid, batch: i32) -> Batch {
     let outcome = Spi::connect_mut(|client| {
         // A utility statement: it resolves no operator or function.
         client.update("SET LOCAL search_path = pg_catalog, pg_temp", None, &[])?;
@@ -88,7 +105,7 @@ fn sweep_once(oid: pg_sys::Oid, batch: i32) -> bool {
             },
         );
         if !installed {
-            return Ok(false);
+            return Ok(Batch::Skipped);
         }
         // A sweep never waits on rows (SKIP LOCKED) nor on another sweep
         // (it skips the pass); these bound the rest, so that one stuck
@@ -121,10 +138,16 @@ fn sweep_once(oid: pg_sys::Oid, batch: i32) -> bool {
             .get_one::<i64>()?;
         shared::report_next_due(due_ms.and_then(|ms| u64::try_from(ms.max(1)).ok()));
         let batch = i64::from(batch);
-        Ok(recovered.unwrap_or(0) >= batch || purged.unwrap_or(0) >= batch)
+        Ok(
+            if recovered.unwrap_or(0) >= batch || purged.unwrap_or(0) >= batch {
+                Batch::Full
+            } else {
+                Batch::Partial
+            },
+        )
     });
     outcome.unwrap_or_else(|e: pgrx::spi::Error| {
         warning!("pg_lease sweeper: {e}");
-        false
+        Batch::Skipped
     })
 }
