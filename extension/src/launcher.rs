@@ -80,7 +80,7 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
         for (oid, name) in listed {
             if known.due(oid, shared::touched(&touched, oid)) {
                 shared::clear_verdict();
-                sweeper::sweep(oid, &name, known.vacuum_left(oid));
+                sweeper::sweep(oid, &name, known.vacuum_horizon(oid));
                 let verdict = shared::take_verdict(oid);
                 known.record(oid, verdict, shared::next_due(), shared::take_vacuumed());
             }
@@ -110,8 +110,8 @@ struct Knowledge {
     /// absent: an install asked for it, and its transaction may not have
     /// committed at the first look.
     eager_until: Option<Instant>,
-    /// Dead rows the last vacuum of its `lease.job` could not remove.
-    vacuum_left: u64,
+    /// The removal horizon its `lease.job` was last vacuumed at (0: none).
+    vacuum_horizon: u32,
 }
 
 impl Known {
@@ -144,7 +144,7 @@ impl Known {
         oid: pg_sys::Oid,
         verdict: Option<Verdict>,
         next_due_ms: Option<u64>,
-        vacuum_left: Option<u64>,
+        vacuum_horizon: Option<u32>,
     ) {
         let now = Instant::now();
         let entry = self
@@ -152,8 +152,8 @@ impl Known {
             .entry(oid)
             .or_insert_with(|| Knowledge::unknown(None));
         entry.checked_at = now;
-        if let Some(left) = vacuum_left {
-            entry.vacuum_left = left;
+        if let Some(horizon) = vacuum_horizon {
+            entry.vacuum_horizon = horizon;
         }
         match verdict {
             Some(verdict) => {
@@ -169,9 +169,9 @@ impl Known {
             .insert(oid, Knowledge::unknown(Some(Instant::now() + EAGER_LOOK)));
     }
 
-    /// What the last vacuum of `oid`'s `lease.job` left (0: none yet).
-    fn vacuum_left(&self, oid: pg_sys::Oid) -> u64 {
-        self.databases.get(&oid).map_or(0, |k| k.vacuum_left)
+    /// The horizon `oid`'s `lease.job` was last vacuumed at (0: none yet).
+    fn vacuum_horizon(&self, oid: pg_sys::Oid) -> u32 {
+        self.databases.get(&oid).map_or(0, |k| k.vacuum_horizon)
     }
 
     /// Whether this pass may have something to do: the first pass, a
@@ -203,7 +203,7 @@ impl Knowledge {
             checked_at: Instant::now(),
             due_at: None,
             eager_until,
-            vacuum_left: 0,
+            vacuum_horizon: 0,
         }
     }
 }

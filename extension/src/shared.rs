@@ -34,9 +34,9 @@ static VERDICT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease sweep ve
 /// before the verdict, read after it.
 static NEXT_DUE: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease next due") };
 
-/// Dead rows the last sweeper's vacuum of `lease.job` left
+/// The removal horizon the last sweeper vacuumed `lease.job` at
 /// ([`crate::vacuum`]); `NOT_VACUUMED` when it did not vacuum.
-static VACUUM_LEFT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease vacuum left") };
+static VACUUM_HORIZON: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease vacuum horizon") };
 const NOT_VACUUMED: u64 = u64::MAX;
 
 /// Bit `oid % TOUCH_BITS` is set when a transaction of that database that
@@ -71,7 +71,7 @@ pub enum Verdict {
 pub fn init() {
     pg_shmem_init!(VERDICT = AtomicU64::new(0));
     pg_shmem_init!(NEXT_DUE = AtomicU64::new(0));
-    pg_shmem_init!(VACUUM_LEFT = AtomicU64::new(NOT_VACUUMED));
+    pg_shmem_init!(VACUUM_HORIZON = AtomicU64::new(NOT_VACUUMED));
     pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
@@ -116,25 +116,23 @@ pub fn next_due() -> Option<u64> {
     }
 }
 
-/// Sweeper side: its vacuum of `lease.job` left `left` dead rows.
-pub fn report_vacuumed(left: u64) {
+/// Sweeper side: it vacuumed `lease.job` at removal horizon `horizon`.
+pub fn report_vacuumed(horizon: u32) {
     if preloaded() {
-        VACUUM_LEFT
+        VACUUM_HORIZON
             .get()
-            .store(left.min(NOT_VACUUMED - 1), Ordering::Release);
+            .store(u64::from(horizon), Ordering::Release);
     }
 }
 
-/// Launcher side, after the sweeper exited: what its vacuum left, if it
-/// vacuumed.
-pub fn take_vacuumed() -> Option<u64> {
+/// Launcher side, after the sweeper exited: the horizon it vacuumed at, if
+/// it vacuumed.
+pub fn take_vacuumed() -> Option<u32> {
     if !preloaded() {
         return None;
     }
-    match VACUUM_LEFT.get().swap(NOT_VACUUMED, Ordering::AcqRel) {
-        NOT_VACUUMED => None,
-        left => Some(left),
-    }
+    let horizon = VACUUM_HORIZON.get().swap(NOT_VACUUMED, Ordering::AcqRel);
+    u32::try_from(horizon).ok()
 }
 
 /// Launcher side, once per pass: which databases were touched since the
@@ -187,7 +185,7 @@ pub fn clear_verdict() {
     if preloaded() {
         VERDICT.get().store(0, Ordering::Release);
         NEXT_DUE.get().store(0, Ordering::Release);
-        VACUUM_LEFT.get().store(NOT_VACUUMED, Ordering::Release);
+        VACUUM_HORIZON.get().store(NOT_VACUUMED, Ordering::Release);
     }
 }
 

@@ -12,15 +12,19 @@
 //!
 //! A snapshot held somewhere (a long report, a replica's feedback) keeps
 //! dead rows from being removed, and vacuuming again would find them still
-//! there: after a vacuum that left `r` dead rows, the next waits until there
-//! are `2r`, so a pinned snapshot costs a number of vacuums that grows with
-//! the logarithm of the rows it pins, not one per pass.
+//! there. So the sweeper remembers the removal horizon (the oldest
+//! transaction whose snapshots still count) it vacuumed at, and vacuums
+//! again only once the horizon has moved: until then no row that died
+//! since can be removed either. A first version waited instead for twice
+//! the dead rows the last vacuum left; under churn that counted the rows
+//! dying during the vacuum, and vacuums fell several seconds apart.
 //!
 //! `VACUUM` cannot run inside a transaction block or a function, hence not
 //! through SPI; the sweeper runs it as a top-level command, the way
 //! autovacuum calls it (`ExecVacuum` with its own portal memory context).
 //! It runs no user code: `lease.job`'s indexes and their predicates are the
-//! extension's own, and `VACUUM` fires no triggers.
+//! extension's own, `VACUUM` fires no triggers, and it switches to the
+//! table owner's role (restricted) for whatever index code it calls.
 
 use std::ptr;
 
@@ -37,50 +41,64 @@ use crate::settings;
 const VACUUM: &std::ffi::CStr = c"VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) lease.job";
 
 /// Whether `lease.job` is due a vacuum: its dead rows exceed its live rows
-/// by `lease.vacuum_dead_rows`, and are at least twice what the previous
-/// vacuum left (`left_before`). Runs in a transaction of its own, with the
+/// by `lease.vacuum_dead_rows`, and the removal horizon is not the one the
+/// last vacuum ran at (`horizon_before`; 0 when none ran). Returns the
+/// horizon to vacuum at. Runs in a transaction of its own, with the
 /// search_path pinned like every sweeper statement.
-pub fn due(left_before: u64) -> bool {
+pub fn due(horizon_before: u32) -> Option<u32> {
     let threshold = settings::VACUUM_DEAD_ROWS.get();
     if threshold == 0 {
-        return false;
+        return None;
     }
-    let left_before = i64::try_from(left_before).unwrap_or(i64::MAX);
     let decided = BackgroundWorker::transaction(|| {
-        Spi::connect_mut(|client| {
+        let piled_up = Spi::connect_mut(|client| {
             client.update("SET LOCAL search_path = pg_catalog, pg_temp", None, &[])?;
             client
                 .select(
-                    // GREATEST is a construct, not a function: it resolves
-                    // no name.
-                    "SELECT dead OPERATOR(pg_catalog.>=) GREATEST(
-                                live OPERATOR(pg_catalog.+) $1,
-                                $2 OPERATOR(pg_catalog.*) 2)
-                       FROM (SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid) AS dead,
-                                    pg_catalog.pg_stat_get_live_tuples(c.oid) AS live
-                               FROM pg_catalog.pg_class c
-                              WHERE c.oid OPERATOR(pg_catalog.=) 'lease.job'::pg_catalog.regclass) s",
+                    // OPERATOR() forms all bind alike: hence the parentheses.
+                    "SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid) OPERATOR(pg_catalog.>=)
+                            (pg_catalog.pg_stat_get_live_tuples(c.oid) OPERATOR(pg_catalog.+) $1),
+                            c.oid
+                       FROM pg_catalog.pg_class c
+                      WHERE c.oid OPERATOR(pg_catalog.=) 'lease.job'::pg_catalog.regclass",
                     None,
-                    &[i64::from(threshold).into(), left_before.into()],
+                    &[i64::from(threshold).into()],
                 )?
                 .first()
-                .get_one::<bool>()
+                .get_two::<bool, pg_sys::Oid>()
+        })?;
+        Ok::<_, pgrx::spi::Error>(match piled_up {
+            (Some(true), Some(table)) => Some(horizon(table)),
+            _ => None,
         })
     });
     match decided {
-        Ok(due) => due == Some(true),
+        Ok(horizon) => horizon.filter(|&h| h != horizon_before),
         Err(e) => {
             warning!("pg_lease sweeper: could not read lease.job's statistics: {e}");
-            false
+            None
         }
     }
 }
 
-/// Vacuums `lease.job` and returns how many dead rows it could not remove
-/// (those a snapshot still sees). Call outside any transaction. An error
-/// inside `VACUUM` ends the sweeper process, after its sweep was done and
+/// The oldest transaction id whose effects a vacuum of `table` must keep
+/// (what `VACUUM` itself computes). Call inside a transaction.
+fn horizon(table: pg_sys::Oid) -> u32 {
+    // SAFETY: inside a transaction; the relation exists (the caller just
+    // resolved it) and is closed again before returning.
+    unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let relation = pg_sys::relation_open(table, lock);
+        let horizon = pg_sys::GetOldestNonRemovableTransactionId(relation);
+        pg_sys::relation_close(relation, lock);
+        horizon.into_inner()
+    }
+}
+
+/// Vacuums `lease.job`. Call outside any transaction. An error inside
+/// `VACUUM` ends the sweeper process, after its sweep was done and
 /// reported.
-pub fn run() -> u64 {
+pub fn run() {
     // SAFETY: called by a sweeper between transactions, as autovacuum
     // calls vacuum(): the parse tree and ExecVacuum's cross-transaction
     // state live in a context of our own (ExecVacuum commits the
@@ -113,18 +131,4 @@ pub fn run() -> u64 {
         pg_sys::PortalContext = ptr::null_mut();
         pg_sys::MemoryContextDelete(context);
     }
-    left_after()
-}
-
-/// Dead rows of `lease.job` as the vacuum just reported them (0 if unknown).
-fn left_after() -> u64 {
-    let left = BackgroundWorker::transaction(|| {
-        Spi::get_one::<i64>(
-            "SELECT pg_catalog.pg_stat_get_dead_tuples('lease.job'::pg_catalog.regclass)",
-        )
-    });
-    left.ok()
-        .flatten()
-        .and_then(|n| u64::try_from(n).ok())
-        .unwrap_or(0)
 }
