@@ -20,6 +20,7 @@
 //! The extension must be installed into the PostgreSQL 15 that
 //! `pg_tests::pg_bin_dir()` points at (`bin/bench` does that first).
 
+mod churn;
 mod cpu;
 mod keys;
 mod metrics;

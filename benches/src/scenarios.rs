@@ -12,7 +12,7 @@ use crate::report::{rate, ratio, Results, SweepPoint, Table};
 /// Errors of the runner: a message for the operator.
 pub type Res<T> = Result<T, String>;
 
-fn pg(e: tokio_postgres::Error) -> String {
+pub(crate) fn pg(e: tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => e.to_string(),
@@ -64,7 +64,7 @@ impl Size {
             seconds: 10,
             backlogs: vec![1_000, 100_000, 1_000_000],
             latency_samples: 300,
-            churn_seconds: 120,
+            churn_seconds: 600,
             pinned_rows: 100_000,
             sweep_clients: vec![1, 4, 16, 32],
             sweep_rows_per_client: 12_500,
@@ -517,7 +517,9 @@ impl Bench {
         Ok((row.get(0), row.get(1)))
     }
 
-    async fn flushed_stats(&self) -> Res<()> {
+    /// Waits until backends have sent their statistics, and drops the
+    /// cached ones.
+    pub(crate) async fn flushed_stats(&self) -> Res<()> {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         self.exec("SELECT pg_stat_clear_snapshot()").await
     }
@@ -854,93 +856,6 @@ impl Bench {
                 t.row(cells);
             }
         }
-        out.tables.push(t);
-        Ok(())
-    }
-
-    async fn sizes(&self) -> Res<Vec<(String, i64)>> {
-        let rows = self
-            .admin
-            .query(
-                "SELECT c.relname::text, pg_relation_size(c.oid) FROM pg_class c \
-                  WHERE c.oid = 'lease.job'::regclass \
-                     OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'lease.job'::regclass) \
-                  ORDER BY c.oid <> 'lease.job'::regclass, c.relname",
-                &[],
-            )
-            .await
-            .map_err(pg)?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-    }
-
-    /// Sustained churn with autovacuum on: producers and consumers at once;
-    /// table and index sizes before and after.
-    pub async fn churn(&self, out: &mut Results) -> Res<()> {
-        const BACKLOG: u64 = 10_000;
-        self.fill(Side::Lease, BACKLOG).await?;
-        let before = self.sizes().await?;
-        self.flushed_stats().await?;
-        let stats = "SELECT n_tup_ins, n_tup_del, autovacuum_count FROM pg_stat_user_tables \
-                     WHERE relid = 'lease.job'::regclass";
-        let s0 = self.admin.query_one(stats, &[]).await.map_err(pg)?;
-        let outcome = self
-            .pgbench
-            .run(&Run {
-                scripts: vec![("lease_enqueue_b50.sql", 1), ("lease_b50.sql", 1)],
-                clients: 16,
-                length: Length::Seconds(self.size.churn_seconds),
-                defines: Vec::new(),
-                deadline: Duration::from_secs(self.size.churn_seconds + 120),
-            })
-            .await?;
-        self.flushed_stats().await?;
-        let s1 = self.admin.query_one(stats, &[]).await.map_err(pg)?;
-        let after = self.sizes().await?;
-        let live = self.remaining(Side::Lease).await?;
-        let secs = outcome.wall.as_secs_f64();
-        let ins = s1.get::<_, i64>(0) - s0.get::<_, i64>(0);
-        let del = s1.get::<_, i64>(1) - s0.get::<_, i64>(1);
-        let vacuums = s1.get::<_, i64>(2) - s0.get::<_, i64>(2);
-        let mut t = Table::new(
-            &format!(
-                "Sustained churn: {} s, autovacuum on",
-                self.size.churn_seconds
-            ),
-            &format!(
-                "16 pgbench clients, each transaction either `enqueue_batch` of 50 rows or a \
-                 batch-50 claim + `release_batch` (equal weights), starting from {BACKLOG} \
-                 pending rows. {} rows enqueued and {} completed ({}/s each way); {live} rows \
-                 left; autovacuum ran {vacuums} time(s) on lease.job (default autovacuum \
-                 settings, naptime 1 min).",
-                ins,
-                del,
-                rate(del as f64 / secs.max(1e-9)),
-            ),
-            &["relation", "before (kB)", "after (kB)", "growth"],
-        );
-        let mut total = (0, 0);
-        for (name, b) in &before {
-            let a = after
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, s)| *s)
-                .unwrap_or(0);
-            total = (total.0 + b, total.1 + a);
-            t.row(vec![
-                name.clone(),
-                (b / 1024).to_string(),
-                (a / 1024).to_string(),
-                ratio(a as f64 / (*b).max(8192) as f64),
-            ]);
-        }
-        t.row(vec![
-            "total".into(),
-            (total.0 / 1024).to_string(),
-            (total.1 / 1024).to_string(),
-            ratio(total.1 as f64 / total.0.max(8192) as f64),
-        ]);
-        out.metrics
-            .insert("churn_growth", total.1 as f64 / total.0.max(8192) as f64);
         out.tables.push(t);
         Ok(())
     }
