@@ -53,6 +53,7 @@ DECLARE
     rank_sql text;
     st lease.job_state;
     n bigint;
+    jid bigint;
 BEGIN
     IF col IS NULL THEN
         RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
@@ -78,14 +79,12 @@ BEGIN
     IF TG_ARGV[1] = 'start' THEN
         -- A row that still has a job row (dead or cancelled) keeps it: it
         -- is not new work.
-        INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
+        INSERT INTO lease.job AS j (queue, key, payload, rank, next_at, created_at)
         VALUES (q, k, '{}', r, clock_timestamp(), clock_timestamp())
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-        IF FOUND THEN
-            PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
-        END IF;
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING j.id INTO jid;
     ELSIF TG_ARGV[1] = 'reorder' THEN
-        UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k;
+        UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k RETURNING j.id INTO jid;
     ELSE
         -- Stopped matching (the domain moved on, or the row is gone): the
         -- row is no longer claimable and any lease on it ends now.
@@ -93,6 +92,13 @@ BEGIN
         DELETE FROM lease.job j WHERE j.queue = q AND j.key = k RETURNING j.state INTO st;
         -- A leased row that stops matching is its job's completion.
         PERFORM lease._count_moved(q, st, NULL, 1, 'done');
+    END IF;
+    IF TG_ARGV[1] = 'start' AND jid IS NOT NULL THEN
+        PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
+    END IF;
+    -- A new row, or a pending one that moved up, may be before the head.
+    IF jid IS NOT NULL THEN
+        PERFORM lease._lower_heads(ARRAY[jid]);
     END IF;
     RETURN NULL;
 END
@@ -329,6 +335,7 @@ BEGIN
     VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.order_attnum,
             _attach_register.pending, _attach_register.on_dead, _attach_register.on_cancel,
             _attach_register.outcome_function);
+    -- The queue is new, its head the start: nothing to lower.
     INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
     SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
       FROM unnest(existing, ranks) AS u(k, r)

@@ -23,6 +23,12 @@ DECLARE
     t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
     got bigint;
+    restricted boolean;
+    -- The queue's head (head.sql): no pending row is before it.
+    hp integer;
+    hr bigint;
+    hn timestamptz;
+    hi bigint;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -31,8 +37,11 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
+    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id
+      INTO restricted, hp, hr, hn, hi
+      FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.name = q AND qu.restricted) THEN
+    IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
     END IF;
     -- The reaper runs no user SQL, so expired leases of a table with
@@ -46,16 +55,32 @@ BEGIN
     --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
     --    cache assumes about n; a join against the CTE can turn into a hash
     --    join over the whole table under a generic plan.
+    -- The scan starts at the head: first the rest of the head's priority
+    -- from the head on, then the lower priorities (the row comparison only
+    -- bounds an index scan over columns of one direction). Before the
+    -- first raise the head is the start, and the first arm finds nothing.
     RETURN QUERY
     WITH picked AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.queue = q
-           AND j.state = 'pending' AND NOT j.held
-           AND j.next_at <= t
-         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+        SELECT a.id
+          FROM (SELECT j.id
+                  FROM lease.job j
+                 WHERE j.queue = q AND j.priority = hp AND (j.rank, j.next_at, j.id) >= (hr, hn, hi)
+                   AND j.state = 'pending' AND NOT j.held
+                   AND j.next_at <= t
+                 ORDER BY j.rank, j.next_at, j.id
+                 LIMIT n
+                   FOR UPDATE SKIP LOCKED) AS a
+        UNION ALL
+        SELECT b.id
+          FROM (SELECT j.id
+                  FROM lease.job j
+                 WHERE j.queue = q AND j.priority < hp
+                   AND j.state = 'pending' AND NOT j.held
+                   AND j.next_at <= t
+                 ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+                 LIMIT n
+                   FOR UPDATE SKIP LOCKED) AS b
          LIMIT n
-           FOR UPDATE SKIP LOCKED
     )
     UPDATE lease.job j
        SET state       = 'leased',

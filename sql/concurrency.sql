@@ -65,6 +65,7 @@ AS $$
 DECLARE
     lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _admit.queue);
     admitted integer;
+    ids bigint[];
 BEGIN
     -- Rows a concurrent cancel holds are skipped: if that cancel rolls
     -- back, lease.sweep admits the row later (lease._top_up_slots).
@@ -87,7 +88,7 @@ BEGIN
     ), promoted AS (
         UPDATE lease.job j SET held = false
          WHERE j.id = ANY (ARRAY(SELECT n.id FROM next n))
-        RETURNING j.concurrency_key
+        RETURNING j.id, j.concurrency_key
     ), counted AS (
         SELECT p.concurrency_key AS key, count(*)::integer AS n FROM promoted p GROUP BY p.concurrency_key
     ), slots AS (
@@ -96,9 +97,11 @@ BEGIN
           FROM counted c
          WHERE t.queue = _admit.queue AND t.key = c.key
     )
-    SELECT coalesce(sum(c.n), 0) INTO admitted FROM counted c;
+    SELECT coalesce(sum(c.n), 0), (SELECT array_agg(p.id) FROM promoted p) INTO admitted, ids FROM counted c;
     IF admitted > 0 THEN
-        PERFORM lease.wake(queue, admitted);
+        -- An admitted row keeps the place it was enqueued at, which may be
+        -- before the queue's head.
+        PERFORM lease._lower_heads(ids), lease.wake(queue, admitted);
     END IF;
     RETURN admitted;
 END

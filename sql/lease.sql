@@ -121,6 +121,9 @@ DECLARE
     q  text;
     st lease.job_state;
     ck text;
+    pr integer;
+    rk bigint;
+    na timestamptz;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
@@ -168,12 +171,16 @@ BEGIN
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
        AND q.name = j.queue
-    RETURNING j.queue, j.state, j.concurrency_key INTO q, st, ck;
+    RETURNING j.queue, j.state, j.concurrency_key, j.priority, j.rank, j.next_at INTO q, st, ck, pr, rk, na;
     IF st IS NULL THEN
         RETURN false;
     END IF;
     PERFORM lease._count_moved(q, 'leased', st, 1, oc);
-    IF ck IS NOT NULL AND st <> 'pending' THEN
+    IF st = 'pending' THEN
+        -- A retry (or an abandon, which keeps its place) may be due before
+        -- the queue's head.
+        PERFORM lease._lower_head(q, pr, rk, na, release.id);
+    ELSIF ck IS NOT NULL THEN
         PERFORM lease._free_slots(q, ARRAY[ck]);
     END IF;
     RETURN true;
@@ -285,6 +292,11 @@ BEGIN
                    FROM unnest(updated_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
         PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
     END LOOP;
+    -- Retries and abandons may be due before their queue's head.
+    IF 'pending' = ANY (states) THEN
+        PERFORM lease._lower_heads(ARRAY(SELECT m.id FROM unnest(ended_ids, states) AS m(id, state)
+                                          WHERE m.state = 'pending'));
+    END IF;
     -- The deleted rows and those the UPDATE ended give up their slots; rows
     -- that went back to pending keep theirs.
     IF keyed THEN

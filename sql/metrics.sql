@@ -182,6 +182,10 @@ BEGIN
      WHERE j.concurrency_key IS NOT NULL AND j.state IN ('pending', 'leased')
      GROUP BY j.queue, j.concurrency_key;
     PERFORM lease._top_up_slots();
+    -- Rows made pending by hand may be before a queue's head (head.sql):
+    -- claims start from the start again until the next sweep.
+    UPDATE lease.queue q
+       SET head_priority = DEFAULT, head_rank = DEFAULT, head_next_at = DEFAULT, head_id = DEFAULT;
     RETURN fixed;
 END
 $$;
@@ -189,8 +193,8 @@ $$;
 COMMENT ON FUNCTION lease.recount() IS
 $$Admin: recounts the pending and dead rows of every queue (O(rows), locks out writers of lease.job
 while it runs) and corrects lease.metrics' gauges where they differ; returns how many queues needed it.
-Rebuilds the concurrency slots (lease.key_slot) from the rows too, and admits held rows they leave room for.
-Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
+Rebuilds the concurrency slots (lease.key_slot) from the rows too, and admits held rows they leave room for,
+and moves every queue's head (where claims start reading) back to its start. Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
 
 -- Per priority of QUEUE's pending rows: the earliest next_at at the head of
 -- the claim order and how many rows wait for a later next_at. Rows with a

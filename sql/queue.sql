@@ -186,8 +186,11 @@ BEGIN
             PERFORM lease._count(q, enqueued => 1, pending => 1);
             IF ck IS NOT NULL THEN
                 PERFORM lease._hold(q, ARRAY[ck]);
-            ELSIF coalesce(r, t) <= t THEN
-                PERFORM lease.wake(q, 1);
+            ELSE
+                PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), 0, coalesce(r, t), new_id);
+                IF coalesce(r, t) <= t THEN
+                    PERFORM lease.wake(q, 1);
+                END IF;
             END IF;
             RETURN new_id;
         END IF;
@@ -287,8 +290,13 @@ BEGIN
     IF held_keys IS NOT NULL THEN
         PERFORM lease._hold(q, held_keys);
     END IF;
-    IF added > coalesce(cardinality(held_keys), 0) AND coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, n);
+    IF added > coalesce(cardinality(held_keys), 0) THEN
+        -- Every row has the same priority and next_at, and ids in input
+        -- order: the first id is at or before all of them.
+        PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0), 0, coalesce(r, t), ids[1]);
+        IF coalesce(r, t) <= t THEN
+            PERFORM lease.wake(q, n);
+        END IF;
     END IF;
 
     -- A new statement sees the rows just inserted, so keys that collided (with
@@ -379,19 +387,22 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    t constant timestamptz := clock_timestamp();
     q text;
     ck text;
+    pr integer;
+    rk bigint;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
     -- the next claim still issues a greater one.
     UPDATE lease.job j
-       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
+       SET state = 'pending', attempt = 0, next_at = t, finished_at = NULL,
            cancel_requested = false, owner = NULL, lease_until = NULL,
            -- Back in line for its key's slots, as if enqueued now.
            held = j.concurrency_key IS NOT NULL
      WHERE j.id = requeue.id AND j.state = 'dead'
-    RETURNING j.queue, j.concurrency_key INTO q, ck;
+    RETURNING j.queue, j.concurrency_key, j.priority, j.rank INTO q, ck, pr, rk;
     IF q IS NULL THEN
         RETURN false;
     END IF;
@@ -399,7 +410,7 @@ BEGIN
     IF ck IS NOT NULL THEN
         PERFORM lease._hold(q, ARRAY[ck]);
     ELSE
-        PERFORM lease.wake(q, 1);
+        PERFORM lease._lower_head(q, pr, rk, t, requeue.id), lease.wake(q, 1);
     END IF;
     RETURN true;
 END

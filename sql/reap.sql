@@ -42,9 +42,10 @@ BEGIN
           FROM lease.queue q
          WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
            AND q.name = j.queue
-        RETURNING j.queue, j.state, j.concurrency_key
+        RETURNING j.id, j.queue, j.state, j.concurrency_key
     ), counted AS (
         SELECT r.queue,
+               array_agg(r.id) FILTER (WHERE r.state = 'pending') AS requeued_ids,
                count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
                count(*) FILTER (WHERE r.state = 'dead')      AS dead,
                count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled,
@@ -59,7 +60,7 @@ BEGIN
           FROM counted c
          WHERE q.name = c.queue
     )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed FROM counted c ORDER BY c.queue
+    SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed, c.requeued_ids FROM counted c ORDER BY c.queue
     LOOP
         queue := r.queue;
         requeued := r.requeued;
@@ -72,7 +73,8 @@ BEGIN
         -- Idle workers LISTENing on the channel wake up instead of polling;
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
-            PERFORM pg_notify('pg_lease_ready', queue);
+            -- With a zero backoff they may be due before the queue's head.
+            PERFORM lease._lower_heads(r.requeued_ids), pg_notify('pg_lease_ready', queue);
         END IF;
         RETURN NEXT;
     END LOOP;

@@ -53,6 +53,15 @@ CREATE TABLE lease.queue (
     -- At most this many rows per concurrency_key admitted at once (pending
     -- and claimable, or leased); NULL: no limit (see concurrency.sql).
     concurrency     integer CHECK (concurrency BETWEEN 1 AND 100000),
+    -- The head (head.sql): no pending row of the queue is before this
+    -- position in claim order (priority DESC, rank, next_at, id), so claims
+    -- start reading job_ready there. The defaults are the very start.
+    head_priority   integer NOT NULL DEFAULT 2147483647,
+    head_rank       bigint NOT NULL DEFAULT -9223372036854775808,
+    head_next_at    timestamptz NOT NULL DEFAULT '-infinity',
+    head_id         bigint NOT NULL DEFAULT -9223372036854775808,
+    -- When lease.sweep last searched for the head from the very start.
+    head_checked_at timestamptz NOT NULL DEFAULT '-infinity',
     CHECK (backoff_max >= backoff_base)
 );
 

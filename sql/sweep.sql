@@ -18,6 +18,39 @@ COMMENT ON TABLE lease.sweep_state IS
 
 INSERT INTO lease.sweep_state DEFAULT VALUES;
 
+-- The sweep's step that moves queue heads up (head.sql).
+CREATE FUNCTION lease._raise_heads() RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q record;
+    raised integer := 0;
+BEGIN
+    -- Queues whose rows were claimed or cancelled since the counters were
+    -- last folded (lease.metrics), and once a minute every raised head.
+    FOR q IN SELECT qu.name, checked.stale AS from_start
+               FROM lease.queue qu
+              CROSS JOIN LATERAL (SELECT qu.head_checked_at < clock_timestamp() - interval '1 minute'
+                                         -- A head at the start has nothing to heal.
+                                         AND qu.head_priority <> 2147483647 AS stale) AS checked
+              WHERE checked.stale
+                 OR EXISTS (SELECT FROM lease.counter c
+                             WHERE c.queue = qu.name AND c.backend <> 0 AND (c.claimed > 0 OR c.cancelled > 0))
+              ORDER BY qu.name LOOP
+        IF lease._raise_head(q.name, q.from_start) THEN
+            raised := raised + 1;
+        END IF;
+    END LOOP;
+    RETURN raised;
+END
+$$;
+
+COMMENT ON FUNCTION lease._raise_heads() IS
+$$Internal (lease.sweep): lease._raise_head for each queue whose rows were claimed or cancelled since the
+metrics counters were last folded, and from the start for each raised head not so checked for a minute;
+returns how many heads it could look at.$$;
+
 CREATE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
 RETURNS TABLE (recovered bigint, purged bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -71,6 +104,9 @@ BEGIN
     FOR step IN SELECT * FROM (VALUES ('schedules', 'SELECT 0 FROM lease._enqueue_due($1)'),
                                       ('purge', 'SELECT lease.purge($1)'),
                                       ('concurrency slots', 'SELECT 0 FROM lease._top_up_slots()'),
+                                      -- Before the fold: it reads which queues had claims.
+                                      -- Late in the pass: it holds queue rows until commit.
+                                      ('heads', 'SELECT 0 FROM lease._raise_heads()'),
                                       ('counters', 'SELECT 0 FROM lease._fold_counters()')) AS v(name, call)
     LOOP
         BEGIN
@@ -99,8 +135,9 @@ END
 $$;
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), and the folding
-of lease.metrics' counter rows; returns how many leases
+$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
+of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
+counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
 recorded as last_error, so the pass itself never fails: if reaping fails, each queue is reaped on its own,
 so one queue's rows cannot stop the others. Returns (0, 0) at once while another sweep of this database runs. The pg_lease background worker calls this every

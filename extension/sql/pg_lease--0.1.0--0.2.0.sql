@@ -19,6 +19,14 @@ ALTER TABLE lease.queue
     ADD COLUMN jitter     text NOT NULL DEFAULT 'none' CHECK (jitter IN ('full', 'none')),
     ADD COLUMN concurrency integer CHECK (concurrency BETWEEN 1 AND 100000);
 ALTER TABLE lease.queue ALTER COLUMN jitter SET DEFAULT 'full';
+-- Each queue's head (sql/head.sql), at the start: claims read from there
+-- until the first sweep moves it.
+ALTER TABLE lease.queue
+    ADD COLUMN head_priority   integer NOT NULL DEFAULT 2147483647,
+    ADD COLUMN head_rank       bigint NOT NULL DEFAULT -9223372036854775808,
+    ADD COLUMN head_next_at    timestamptz NOT NULL DEFAULT '-infinity',
+    ADD COLUMN head_id         bigint NOT NULL DEFAULT -9223372036854775808,
+    ADD COLUMN head_checked_at timestamptz NOT NULL DEFAULT '-infinity';
 
 -- Constant defaults: no table rewrite. The claim index follows the new
 -- claim order (priority, rank, next_at, id) and leaves out rows held for a
@@ -201,6 +209,160 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'reaper_slot_shortages_wrapper';
 
 -- In sql/, in the order of the install script.
+-- head.sql: where claims start (new).
+CREATE OR REPLACE FUNCTION lease._lower_head(queue text, priority integer, rank bigint, next_at timestamptz, id bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- The lock keeps a raise from committing until this transaction
+        -- has; the next statement's snapshot sees any raise before it.
+        PERFORM FROM lease.queue q WHERE q.name = _lower_head.queue FOR KEY SHARE;
+    ELSE
+        -- One snapshot for the whole transaction: a raise committed since
+        -- would go unseen, so take a lock that fails (40001) if there was
+        -- one rather than read a stale head.
+        PERFORM FROM lease.queue q WHERE q.name = _lower_head.queue FOR SHARE;
+    END IF;
+    UPDATE lease.queue q
+       SET head_priority = _lower_head.priority, head_rank = _lower_head.rank,
+           head_next_at = _lower_head.next_at, head_id = _lower_head.id
+     WHERE q.name = _lower_head.queue
+       AND (-_lower_head.priority::bigint, _lower_head.rank, _lower_head.next_at, _lower_head.id)
+           < (-q.head_priority::bigint, q.head_rank, q.head_next_at, q.head_id);
+END
+$$;
+
+COMMENT ON FUNCTION lease._lower_head(text, integer, bigint, timestamptz, bigint) IS
+$$Internal: the caller's transaction made a row of QUEUE pending (and not held) at claim position
+(PRIORITY, RANK, NEXT_AT, ID): moves the queue's head back to it if it is before the head. Call it after
+the change, in the same transaction; a lower bound of the position (an id of 0) is fine.$$;
+
+CREATE OR REPLACE FUNCTION lease._raise_head(queue text, from_start boolean) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    h lease.queue;
+    -- The first pending row's position.
+    p integer;
+    r bigint;
+    n timestamptz;
+    i bigint;
+BEGIN
+    -- Only a statement snapshot taken after the lock sees every writer that
+    -- made rows pending; a transaction snapshot may predate them.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN false;
+    END IF;
+    -- A writer between its change and its commit holds the row: try later.
+    SELECT * INTO h FROM lease.queue q WHERE q.name = _raise_head.queue FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF from_start THEN
+        h.head_priority := 2147483647;
+        h.head_rank := -9223372036854775808;
+        h.head_next_at := '-infinity';
+        h.head_id := -9223372036854775808;
+    END IF;
+    -- The first pending row at or after the head (claim.sql's two arms,
+    -- without the eligibility test and the locks).
+    SELECT a.priority, a.rank, a.next_at, a.id INTO p, r, n, i
+      FROM ((SELECT j.priority, j.rank, j.next_at, j.id
+               FROM lease.job j
+              WHERE j.queue = _raise_head.queue AND j.priority = h.head_priority
+                AND (j.rank, j.next_at, j.id) >= (h.head_rank, h.head_next_at, h.head_id)
+                AND j.state = 'pending' AND NOT j.held
+              ORDER BY j.rank, j.next_at, j.id
+              LIMIT 1)
+            UNION ALL
+            (SELECT j.priority, j.rank, j.next_at, j.id
+               FROM lease.job j
+              WHERE j.queue = _raise_head.queue AND j.priority < h.head_priority
+                AND j.state = 'pending' AND NOT j.held
+              ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+              LIMIT 1)) AS a
+     LIMIT 1;
+    IF NOT FOUND THEN
+        -- Nothing pending: the end of the order, until a writer lowers it.
+        p := -2147483648;
+        r := 9223372036854775807;
+        n := 'infinity';
+        i := 9223372036854775807;
+    END IF;
+    UPDATE lease.queue q
+       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i,
+           head_checked_at = CASE WHEN from_start THEN clock_timestamp() ELSE q.head_checked_at END
+     WHERE q.name = _raise_head.queue
+       AND (from_start OR (q.head_priority, q.head_rank, q.head_next_at, q.head_id) IS DISTINCT FROM (p, r, n, i));
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION lease._raise_head(text, boolean) IS
+$$Internal (lease.sweep): moves the head of QUEUE forward to its first pending row, or to the end of the
+claim order if it has none, searching from the head or, with FROM_START, from the start of the queue.
+Returns false, changing nothing, when a writer holds the queue row or the transaction is not READ
+COMMITTED.$$;
+
+CREATE OR REPLACE FUNCTION lease._lower_heads(ids bigint[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    f record;
+BEGIN
+    -- Queue by queue in name order, so that two callers cannot deadlock on
+    -- the queue rows they lower.
+    FOR f IN SELECT DISTINCT ON (j.queue) j.queue, j.priority, j.rank, j.next_at, j.id
+               FROM lease.job j
+              WHERE j.id = ANY (ids) AND j.state = 'pending' AND NOT j.held
+              ORDER BY j.queue, j.priority DESC, j.rank, j.next_at, j.id LOOP
+        PERFORM lease._lower_head(f.queue, f.priority, f.rank, f.next_at, f.id);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._lower_heads(bigint[]) IS
+$$Internal: lease._lower_head for the rows IDS that the caller's transaction made pending (those not pending, or
+held, are passed over), once per queue with its earliest row.$$;
+
+-- sweep.sql's step that raises them (new).
+CREATE OR REPLACE FUNCTION lease._raise_heads() RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q record;
+    raised integer := 0;
+BEGIN
+    -- Queues whose rows were claimed or cancelled since the counters were
+    -- last folded (lease.metrics), and once a minute every raised head.
+    FOR q IN SELECT qu.name, checked.stale AS from_start
+               FROM lease.queue qu
+              CROSS JOIN LATERAL (SELECT qu.head_checked_at < clock_timestamp() - interval '1 minute'
+                                         -- A head at the start has nothing to heal.
+                                         AND qu.head_priority <> 2147483647 AS stale) AS checked
+              WHERE checked.stale
+                 OR EXISTS (SELECT FROM lease.counter c
+                             WHERE c.queue = qu.name AND c.backend <> 0 AND (c.claimed > 0 OR c.cancelled > 0))
+              ORDER BY qu.name LOOP
+        IF lease._raise_head(q.name, q.from_start) THEN
+            raised := raised + 1;
+        END IF;
+    END LOOP;
+    RETURN raised;
+END
+$$;
+
+COMMENT ON FUNCTION lease._raise_heads() IS
+$$Internal (lease.sweep): lease._raise_head for each queue whose rows were claimed or cancelled since the
+metrics counters were last folded, and from the start for each raised head not so checked for a minute;
+returns how many heads it could look at.$$;
+
 CREATE OR REPLACE FUNCTION lease.valid_ttl(ttl interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(date_part('epoch', ttl) > 0 AND date_part('epoch', ttl) <= 86400
@@ -355,9 +517,10 @@ BEGIN
           FROM lease.queue q
          WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
            AND q.name = j.queue
-        RETURNING j.queue, j.state, j.concurrency_key
+        RETURNING j.id, j.queue, j.state, j.concurrency_key
     ), counted AS (
         SELECT r.queue,
+               array_agg(r.id) FILTER (WHERE r.state = 'pending') AS requeued_ids,
                count(*) FILTER (WHERE r.state = 'pending')   AS requeued,
                count(*) FILTER (WHERE r.state = 'dead')      AS dead,
                count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled,
@@ -372,7 +535,7 @@ BEGIN
           FROM counted c
          WHERE q.name = c.queue
     )
-    SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed FROM counted c ORDER BY c.queue
+    SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed, c.requeued_ids FROM counted c ORDER BY c.queue
     LOOP
         queue := r.queue;
         requeued := r.requeued;
@@ -385,7 +548,8 @@ BEGIN
         -- Idle workers LISTENing on the channel wake up instead of polling;
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
-            PERFORM pg_notify('pg_lease_ready', queue);
+            -- With a zero backoff they may be due before the queue's head.
+            PERFORM lease._lower_heads(r.requeued_ids), pg_notify('pg_lease_ready', queue);
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -868,8 +1032,11 @@ BEGIN
             PERFORM lease._count(q, enqueued => 1, pending => 1);
             IF ck IS NOT NULL THEN
                 PERFORM lease._hold(q, ARRAY[ck]);
-            ELSIF coalesce(r, t) <= t THEN
-                PERFORM lease.wake(q, 1);
+            ELSE
+                PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), 0, coalesce(r, t), new_id);
+                IF coalesce(r, t) <= t THEN
+                    PERFORM lease.wake(q, 1);
+                END IF;
             END IF;
             RETURN new_id;
         END IF;
@@ -969,8 +1136,13 @@ BEGIN
     IF held_keys IS NOT NULL THEN
         PERFORM lease._hold(q, held_keys);
     END IF;
-    IF added > coalesce(cardinality(held_keys), 0) AND coalesce(r, t) <= t THEN
-        PERFORM lease.wake(q, n);
+    IF added > coalesce(cardinality(held_keys), 0) THEN
+        -- Every row has the same priority and next_at, and ids in input
+        -- order: the first id is at or before all of them.
+        PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0), 0, coalesce(r, t), ids[1]);
+        IF coalesce(r, t) <= t THEN
+            PERFORM lease.wake(q, n);
+        END IF;
     END IF;
 
     -- A new statement sees the rows just inserted, so keys that collided (with
@@ -1061,19 +1233,22 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    t constant timestamptz := clock_timestamp();
     q text;
     ck text;
+    pr integer;
+    rk bigint;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
     -- the next claim still issues a greater one.
     UPDATE lease.job j
-       SET state = 'pending', attempt = 0, next_at = clock_timestamp(), finished_at = NULL,
+       SET state = 'pending', attempt = 0, next_at = t, finished_at = NULL,
            cancel_requested = false, owner = NULL, lease_until = NULL,
            -- Back in line for its key's slots, as if enqueued now.
            held = j.concurrency_key IS NOT NULL
      WHERE j.id = requeue.id AND j.state = 'dead'
-    RETURNING j.queue, j.concurrency_key INTO q, ck;
+    RETURNING j.queue, j.concurrency_key, j.priority, j.rank INTO q, ck, pr, rk;
     IF q IS NULL THEN
         RETURN false;
     END IF;
@@ -1081,7 +1256,7 @@ BEGIN
     IF ck IS NOT NULL THEN
         PERFORM lease._hold(q, ARRAY[ck]);
     ELSE
-        PERFORM lease.wake(q, 1);
+        PERFORM lease._lower_head(q, pr, rk, t, requeue.id), lease.wake(q, 1);
     END IF;
     RETURN true;
 END
@@ -1201,6 +1376,9 @@ DECLARE
     q  text;
     st lease.job_state;
     ck text;
+    pr integer;
+    rk bigint;
+    na timestamptz;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
@@ -1248,12 +1426,16 @@ BEGIN
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
        AND q.name = j.queue
-    RETURNING j.queue, j.state, j.concurrency_key INTO q, st, ck;
+    RETURNING j.queue, j.state, j.concurrency_key, j.priority, j.rank, j.next_at INTO q, st, ck, pr, rk, na;
     IF st IS NULL THEN
         RETURN false;
     END IF;
     PERFORM lease._count_moved(q, 'leased', st, 1, oc);
-    IF ck IS NOT NULL AND st <> 'pending' THEN
+    IF st = 'pending' THEN
+        -- A retry (or an abandon, which keeps its place) may be due before
+        -- the queue's head.
+        PERFORM lease._lower_head(q, pr, rk, na, release.id);
+    ELSIF ck IS NOT NULL THEN
         PERFORM lease._free_slots(q, ARRAY[ck]);
     END IF;
     RETURN true;
@@ -1365,6 +1547,11 @@ BEGIN
                    FROM unnest(updated_queues, states) AS m(queue, state) GROUP BY m.queue, m.state LOOP
         PERFORM lease._count_moved(moved.queue, 'leased', moved.state, moved.n, oc);
     END LOOP;
+    -- Retries and abandons may be due before their queue's head.
+    IF 'pending' = ANY (states) THEN
+        PERFORM lease._lower_heads(ARRAY(SELECT m.id FROM unnest(ended_ids, states) AS m(id, state)
+                                          WHERE m.state = 'pending'));
+    END IF;
     -- The deleted rows and those the UPDATE ended give up their slots; rows
     -- that went back to pending keep theirs.
     IF keyed THEN
@@ -1414,6 +1601,12 @@ DECLARE
     t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
     got bigint;
+    restricted boolean;
+    -- The queue's head (head.sql): no pending row is before it.
+    hp integer;
+    hr bigint;
+    hn timestamptz;
+    hi bigint;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -1422,8 +1615,11 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
+    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id
+      INTO restricted, hp, hr, hn, hi
+      FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.name = q AND qu.restricted) THEN
+    IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
     END IF;
     -- The reaper runs no user SQL, so expired leases of a table with
@@ -1437,16 +1633,32 @@ BEGIN
     --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
     --    cache assumes about n; a join against the CTE can turn into a hash
     --    join over the whole table under a generic plan.
+    -- The scan starts at the head: first the rest of the head's priority
+    -- from the head on, then the lower priorities (the row comparison only
+    -- bounds an index scan over columns of one direction). Before the
+    -- first raise the head is the start, and the first arm finds nothing.
     RETURN QUERY
     WITH picked AS MATERIALIZED (
-        SELECT j.id
-          FROM lease.job j
-         WHERE j.queue = q
-           AND j.state = 'pending' AND NOT j.held
-           AND j.next_at <= t
-         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+        SELECT a.id
+          FROM (SELECT j.id
+                  FROM lease.job j
+                 WHERE j.queue = q AND j.priority = hp AND (j.rank, j.next_at, j.id) >= (hr, hn, hi)
+                   AND j.state = 'pending' AND NOT j.held
+                   AND j.next_at <= t
+                 ORDER BY j.rank, j.next_at, j.id
+                 LIMIT n
+                   FOR UPDATE SKIP LOCKED) AS a
+        UNION ALL
+        SELECT b.id
+          FROM (SELECT j.id
+                  FROM lease.job j
+                 WHERE j.queue = q AND j.priority < hp
+                   AND j.state = 'pending' AND NOT j.held
+                   AND j.next_at <= t
+                 ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+                 LIMIT n
+                   FOR UPDATE SKIP LOCKED) AS b
          LIMIT n
-           FOR UPDATE SKIP LOCKED
     )
     UPDATE lease.job j
        SET state       = 'leased',
@@ -1574,6 +1786,7 @@ DECLARE
     rank_sql text;
     st lease.job_state;
     n bigint;
+    jid bigint;
 BEGIN
     IF col IS NULL THEN
         RAISE EXCEPTION 'trigger "%" on % is not the trigger of an attachment of queue "%"', TG_NAME, TG_RELID::regclass, q
@@ -1599,14 +1812,12 @@ BEGIN
     IF TG_ARGV[1] = 'start' THEN
         -- A row that still has a job row (dead or cancelled) keeps it: it
         -- is not new work.
-        INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
+        INSERT INTO lease.job AS j (queue, key, payload, rank, next_at, created_at)
         VALUES (q, k, '{}', r, clock_timestamp(), clock_timestamp())
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
-        IF FOUND THEN
-            PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
-        END IF;
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING j.id INTO jid;
     ELSIF TG_ARGV[1] = 'reorder' THEN
-        UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k;
+        UPDATE lease.job j SET rank = r WHERE j.queue = q AND j.key = k RETURNING j.id INTO jid;
     ELSE
         -- Stopped matching (the domain moved on, or the row is gone): the
         -- row is no longer claimable and any lease on it ends now.
@@ -1614,6 +1825,13 @@ BEGIN
         DELETE FROM lease.job j WHERE j.queue = q AND j.key = k RETURNING j.state INTO st;
         -- A leased row that stops matching is its job's completion.
         PERFORM lease._count_moved(q, st, NULL, 1, 'done');
+    END IF;
+    IF TG_ARGV[1] = 'start' AND jid IS NOT NULL THEN
+        PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
+    END IF;
+    -- A new row, or a pending one that moved up, may be before the head.
+    IF jid IS NOT NULL THEN
+        PERFORM lease._lower_heads(ARRAY[jid]);
     END IF;
     RETURN NULL;
 END
@@ -1850,6 +2068,7 @@ BEGIN
     VALUES (_attach_register.queue, rel, _attach_register.key_attnum, _attach_register.order_attnum,
             _attach_register.pending, _attach_register.on_dead, _attach_register.on_cancel,
             _attach_register.outcome_function);
+    -- The queue is new, its head the start: nothing to lower.
     INSERT INTO lease.job (queue, key, payload, rank, next_at, created_at)
     SELECT _attach_register.queue, u.k, '{}', coalesce(u.r, 0), clock_timestamp(), clock_timestamp()
       FROM unnest(existing, ranks) AS u(k, r)
@@ -2361,6 +2580,9 @@ BEGIN
     FOR step IN SELECT * FROM (VALUES ('schedules', 'SELECT 0 FROM lease._enqueue_due($1)'),
                                       ('purge', 'SELECT lease.purge($1)'),
                                       ('concurrency slots', 'SELECT 0 FROM lease._top_up_slots()'),
+                                      -- Before the fold: it reads which queues had claims.
+                                      -- Late in the pass: it holds queue rows until commit.
+                                      ('heads', 'SELECT 0 FROM lease._raise_heads()'),
                                       ('counters', 'SELECT 0 FROM lease._fold_counters()')) AS v(name, call)
     LOOP
         BEGIN
@@ -2402,8 +2624,9 @@ COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
     'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), and the folding
-of lease.metrics' counter rows; returns how many leases
+$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
+of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
+counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
 recorded as last_error, so the pass itself never fails: if reaping fails, each queue is reaped on its own,
 so one queue's rows cannot stop the others. Returns (0, 0) at once while another sweep of this database runs. The pg_lease background worker calls this every
@@ -2625,6 +2848,10 @@ BEGIN
      WHERE j.concurrency_key IS NOT NULL AND j.state IN ('pending', 'leased')
      GROUP BY j.queue, j.concurrency_key;
     PERFORM lease._top_up_slots();
+    -- Rows made pending by hand may be before a queue's head (head.sql):
+    -- claims start from the start again until the next sweep.
+    UPDATE lease.queue q
+       SET head_priority = DEFAULT, head_rank = DEFAULT, head_next_at = DEFAULT, head_id = DEFAULT;
     RETURN fixed;
 END
 $$;
@@ -2632,8 +2859,8 @@ $$;
 COMMENT ON FUNCTION lease.recount() IS
 $$Admin: recounts the pending and dead rows of every queue (O(rows), locks out writers of lease.job
 while it runs) and corrects lease.metrics' gauges where they differ; returns how many queues needed it.
-Rebuilds the concurrency slots (lease.key_slot) from the rows too, and admits held rows they leave room for.
-Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
+Rebuilds the concurrency slots (lease.key_slot) from the rows too, and admits held rows they leave room for,
+and moves every queue's head (where claims start reading) back to its start. Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
 
 CREATE OR REPLACE FUNCTION lease._queue_head(queue text, OUT delayed bigint, OUT oldest_ready timestamptz)
 LANGUAGE plpgsql STABLE
@@ -2737,6 +2964,7 @@ AS $$
 DECLARE
     lim constant integer := (SELECT qu.concurrency FROM lease.queue qu WHERE qu.name = _admit.queue);
     admitted integer;
+    ids bigint[];
 BEGIN
     -- Rows a concurrent cancel holds are skipped: if that cancel rolls
     -- back, lease.sweep admits the row later (lease._top_up_slots).
@@ -2759,7 +2987,7 @@ BEGIN
     ), promoted AS (
         UPDATE lease.job j SET held = false
          WHERE j.id = ANY (ARRAY(SELECT n.id FROM next n))
-        RETURNING j.concurrency_key
+        RETURNING j.id, j.concurrency_key
     ), counted AS (
         SELECT p.concurrency_key AS key, count(*)::integer AS n FROM promoted p GROUP BY p.concurrency_key
     ), slots AS (
@@ -2768,9 +2996,11 @@ BEGIN
           FROM counted c
          WHERE t.queue = _admit.queue AND t.key = c.key
     )
-    SELECT coalesce(sum(c.n), 0) INTO admitted FROM counted c;
+    SELECT coalesce(sum(c.n), 0), (SELECT array_agg(p.id) FROM promoted p) INTO admitted, ids FROM counted c;
     IF admitted > 0 THEN
-        PERFORM lease.wake(queue, admitted);
+        -- An admitted row keeps the place it was enqueued at, which may be
+        -- before the queue's head.
+        PERFORM lease._lower_heads(ids), lease.wake(queue, admitted);
     END IF;
     RETURN admitted;
 END

@@ -30,6 +30,7 @@ pgrx::extension_sql_file!(
     requires = ["schema"]
 );
 pgrx::extension_sql_file!("../../sql/wake.sql", name = "wake", requires = ["schema"]);
+pgrx::extension_sql_file!("../../sql/head.sql", name = "head", requires = ["schema"]);
 pgrx::extension_sql_file!(
     "../../sql/access.sql",
     name = "access",
@@ -38,7 +39,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/concurrency.sql",
     name = "concurrency",
-    requires = ["schema", "wake"]
+    requires = ["schema", "head", "wake"]
 );
 pgrx::extension_sql_file!(
     "../../sql/metrics.sql",
@@ -51,6 +52,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "check",
+        "head",
         "transition",
         "concurrency",
         "metrics",
@@ -70,6 +72,7 @@ pgrx::extension_sql_file!(
         "check",
         "access",
         "concurrency",
+        "head",
         "metrics",
         "outcome",
         "wake",
@@ -85,6 +88,7 @@ pgrx::extension_sql_file!(
         "transition",
         "access",
         "concurrency",
+        "head",
         "metrics",
         "outcome"
     ]
@@ -119,6 +123,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "access",
+        "head",
         "metrics",
         "outcome",
         "queue",
@@ -141,7 +146,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
-    requires = ["schema", "check", "reap", "schedule"]
+    requires = ["schema", "check", "head", "metrics", "reap", "schedule"]
 );
 pgrx::extension_sql_file!(
     "../../sql/views.sql",

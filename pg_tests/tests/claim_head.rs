@@ -1,0 +1,356 @@
+//! Each queue's head (sql/head.sql): claims start reading `job_ready` where
+//! no pending row can be before them, `lease.sweep` moves the head forward,
+//! and every writer that makes a row pending moves it back if need be.
+//!
+//! Issue 15 reported the defect: a claim walked every entry that earlier
+//! claims left at the front of `job_ready`, and a held snapshot kept them
+//! all (408 buffers read for 16 index entries mid-drain; with a pinned
+//! snapshot, 0.28× of the unpinned drain rate). The first test failed on
+//! main at 5282d23: its claim read 140 index blocks. The other tests guard
+//! the head's one rule, that no pending row is ever before it: each was
+//! broken on purpose by removing the writer's `_lower_head` call (or, for
+//! the race, the lock in `_lower_head`), and then claimed the later row
+//! instead of the early one.
+
+use pg_tests::{scalar, sqlstate, Cluster};
+use tokio_postgres::Client;
+
+/// Index blocks of `job_ready` and heap blocks of `lease.job` that one
+/// claim of `n` rows of `queue` reads; the claim is rolled back.
+async fn claim_reads(pg: &Client, queue: &str, n: i32) -> (i64, i64) {
+    let blocks = "SELECT pg_stat_get_xact_blocks_fetched('lease.job_ready'::regclass),
+                         pg_stat_get_xact_blocks_fetched('lease.job'::regclass)";
+    pg.batch_execute("BEGIN").await.expect("begin");
+    let before = pg.query_one(blocks, &[]).await.expect("blocks before");
+    let claimed: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM lease.claim_pending($1, '1 minute', 'reader', $2)",
+            &[&n, &queue],
+        )
+        .await
+        .expect("claim")
+        .get(0);
+    let after = pg.query_one(blocks, &[]).await.expect("blocks after");
+    pg.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_eq!(claimed, i64::from(n), "the claim found rows");
+    let (b0, b1): (i64, i64) = (before.get(0), before.get(1));
+    let (a0, a1): (i64, i64) = (after.get(0), after.get(1));
+    (a0 - b0, a1 - b1)
+}
+
+/// Claims one row of `queue` as owner `w` and returns its `(id, epoch)`,
+/// or `None` if none was claimable.
+async fn claim_one(pg: &Client, queue: &str) -> Option<(i64, i64)> {
+    pg.query_opt(
+        "SELECT id, epoch FROM lease.claim_pending(1, '1 minute', 'w', $1)",
+        &[&queue],
+    )
+    .await
+    .expect("claim one")
+    .map(|r| (r.get(0), r.get(1)))
+}
+
+/// The id of the row the next claim of `queue` hands out, if any.
+async fn next_claimed(pg: &Client, queue: &str) -> Option<i64> {
+    claim_one(pg, queue).await.map(|(id, _)| id)
+}
+
+/// One `lease.sweep()`: it moves the heads of queues that had claims.
+async fn sweep(pg: &Client) {
+    pg.batch_execute("SELECT lease.sweep()")
+        .await
+        .expect("sweep");
+}
+
+/// Queue `queue` with no backoff and no history, and in it an early row,
+/// claimed by `w`, and two rows due in an hour; a sweep then moves the head
+/// to the first of those. Returns the early row's `(id, epoch)`: anything
+/// due now is before the head.
+async fn early_row_behind_the_head(pg: &Client, queue: &str) -> (i64, i64) {
+    pg.execute(
+        "SELECT lease.create_queue($1, backoff_base => '0', backoff_max => '0')",
+        &[&queue],
+    )
+    .await
+    .expect("queue");
+    pg.execute("SELECT lease.enqueue($1, '{}')", &[&queue])
+        .await
+        .expect("the early row");
+    let early = claim_one(pg, queue).await.expect("the early row's claim");
+    pg.execute(
+        "SELECT lease.enqueue_batch($1, ARRAY['{}', '{}']::jsonb[], run_at => now() + interval '1 hour')",
+        &[&queue],
+    )
+    .await
+    .expect("the later rows");
+    sweep(pg).await;
+    let head_is_later: bool = pg
+        .query_one(
+            "SELECT head_next_at > now() + interval '59 minutes' FROM lease.queue WHERE name = $1",
+            &[&queue],
+        )
+        .await
+        .expect("the head")
+        .get(0);
+    assert!(head_is_later, "the sweep moved the head past the early row");
+    early
+}
+
+/// Fails on main at 5282d23 (140 index blocks): with a snapshot held since
+/// before the drain, a claim walked all 19,000 entries the drain left.
+#[tokio::test]
+async fn a_claim_reads_nothing_that_was_drained_under_a_held_snapshot() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    let pinned = cluster.connect().await;
+    pinned
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lease.job")
+        .await
+        .expect("a snapshot held through the drain");
+    pg.batch_execute(
+        "SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[20000]))",
+    )
+    .await
+    .expect("enqueue");
+    for _ in 0..38 {
+        pg.batch_execute(
+            "SELECT lease.release_batch(array_agg(id), 'w', array_agg(epoch))
+               FROM lease.claim_pending(500, '1 minute', 'w')",
+        )
+        .await
+        .expect("drain");
+    }
+    sweep(&pg).await;
+
+    let (index_blocks, heap_blocks) = claim_reads(&pg, "default", 10).await;
+    assert!(
+        index_blocks <= 5,
+        "a claim of 10 read {index_blocks} index blocks (and {heap_blocks} heap blocks)"
+    );
+    // The snapshot was held throughout: nothing could be cleaned up.
+    let held: i64 = scalar(&pinned, "SELECT count(*) FROM lease.job").await;
+    assert_eq!(held, 0, "the held snapshot predates the rows");
+}
+
+/// Retries and abandons keep or choose a place before the head.
+#[tokio::test]
+async fn a_retry_or_an_abandon_before_the_head_is_claimed_first() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    for (queue, release) in [
+        ("abandon", "SELECT lease.release($1, 'w', $2, 'abandon')"),
+        (
+            "retry",
+            "SELECT lease.release($1, 'w', $2, 'retry', retry_at => now() - interval '1 day')",
+        ),
+        (
+            "batch",
+            "SELECT lease.release_batch(ARRAY[$1::bigint], 'w', ARRAY[$2::bigint], 'abandon')",
+        ),
+    ] {
+        let (id, epoch) = early_row_behind_the_head(&pg, queue).await;
+        pg.execute(release, &[&id, &epoch]).await.expect(queue);
+        assert_eq!(
+            next_claimed(&pg, queue).await,
+            Some(id),
+            "{queue}: the early row first"
+        );
+    }
+}
+
+/// New rows due now, and a dead row requeued, are before a head that a
+/// sweep moved to rows due later.
+#[tokio::test]
+async fn new_and_requeued_rows_before_the_head_are_claimed_first() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+
+    early_row_behind_the_head(&pg, "one").await;
+    let one: i64 = scalar(&pg, "SELECT lease.enqueue('one', '{}', priority => 5)").await;
+    assert_eq!(next_claimed(&pg, "one").await, Some(one), "enqueue");
+
+    early_row_behind_the_head(&pg, "batch").await;
+    let first: i64 = scalar(
+        &pg,
+        "SELECT min(id) FROM lease.enqueue_batch('batch', ARRAY['{}', '{}']::jsonb[]) AS id",
+    )
+    .await;
+    assert_eq!(
+        next_claimed(&pg, "batch").await,
+        Some(first),
+        "enqueue_batch"
+    );
+
+    let (id, epoch) = early_row_behind_the_head(&pg, "requeue").await;
+    pg.execute("SELECT lease.release($1, 'w', $2, 'fail')", &[&id, &epoch])
+        .await
+        .expect("dead letter");
+    sweep(&pg).await;
+    pg.execute("SELECT lease.requeue($1)", &[&id])
+        .await
+        .expect("requeue");
+    assert_eq!(next_claimed(&pg, "requeue").await, Some(id), "requeue");
+}
+
+/// An expired lease requeued by the reaper with no backoff, and a held row
+/// admitted when its key's slot frees, are due before the head.
+#[tokio::test]
+async fn reaped_and_admitted_rows_before_the_head_are_claimed_first() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+
+    let (id, epoch) = early_row_behind_the_head(&pg, "reaped").await;
+    pg.execute(
+        "UPDATE lease.job SET lease_until = now() - interval '1 second' WHERE id = $1 AND epoch = $2",
+        &[&id, &epoch],
+    )
+    .await
+    .expect("expire the lease");
+    pg.batch_execute("SELECT lease.reap(100)")
+        .await
+        .expect("reap");
+    assert_eq!(next_claimed(&pg, "reaped").await, Some(id), "reap");
+
+    pg.batch_execute(
+        "SELECT lease.create_queue('keyed', backoff_base => '0', backoff_max => '0', concurrency => 1)",
+    )
+    .await
+    .expect("queue");
+    let first: i64 = scalar(
+        &pg,
+        "SELECT lease.enqueue('keyed', '{}', concurrency_key => 'k')",
+    )
+    .await;
+    let second: i64 = scalar(
+        &pg,
+        "SELECT lease.enqueue('keyed', '{}', concurrency_key => 'k')",
+    )
+    .await;
+    let (claimed, epoch) = claim_one(&pg, "keyed").await.expect("the admitted row");
+    assert_eq!(claimed, first);
+    pg.batch_execute(
+        "SELECT lease.enqueue_batch('keyed', ARRAY['{}', '{}']::jsonb[], run_at => now() + interval '1 hour');
+         SELECT lease.sweep();",
+    )
+    .await
+    .expect("later rows, and a sweep");
+    pg.execute("SELECT lease.release($1, 'w', $2)", &[&first, &epoch])
+        .await
+        .expect("done: the slot frees");
+    assert_eq!(next_claimed(&pg, "keyed").await, Some(second), "admission");
+}
+
+/// An attached table's row that starts matching, or moves up in its
+/// order_by, is before a head at a later row.
+#[tokio::test]
+async fn attached_rows_that_start_or_move_up_are_claimed_first() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "CREATE TABLE task (id int PRIMARY KEY, due int NOT NULL, status text NOT NULL);
+         INSERT INTO task VALUES (1, 10, 'todo'), (2, 20, 'todo'), (3, 30, 'todo');
+         SELECT lease.attach('task', $$status = 'todo'$$, order_by => 'due');",
+    )
+    .await
+    .expect("attached table");
+    claim_one(&pg, "task").await.expect("row 1");
+    sweep(&pg).await;
+
+    pg.batch_execute("INSERT INTO task VALUES (4, 15, 'todo')")
+        .await
+        .expect("a new row before row 2");
+    let key: String = pg
+        .query_one(
+            "SELECT j.key FROM lease.claim_pending(1, '1 minute', 'w', 'task') AS j",
+            &[],
+        )
+        .await
+        .expect("claim")
+        .get(0);
+    assert_eq!(key, "4", "the new row comes first");
+
+    pg.batch_execute("SELECT lease.sweep(); UPDATE task SET due = 5 WHERE id = 3;")
+        .await
+        .expect("row 3 moves before row 2");
+    let key: String = pg
+        .query_one(
+            "SELECT j.key FROM lease.claim_pending(1, '1 minute', 'w', 'task') AS j",
+            &[],
+        )
+        .await
+        .expect("claim")
+        .get(0);
+    assert_eq!(key, "3", "the row that moved up comes first");
+}
+
+/// A sweep that runs while a writer has made a row pending but not yet
+/// committed must not move the head past that row: the writer's lock on
+/// the queue row makes the sweep leave the head where it is.
+#[tokio::test]
+async fn a_sweep_during_an_uncommitted_abandon_leaves_the_head_before_it() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    let writer = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('race', backoff_base => '0', backoff_max => '0');
+         SELECT lease.enqueue_batch('race', ARRAY['{}', '{}', '{}']::jsonb[]);
+         SELECT lease.sweep();",
+    )
+    .await
+    .expect("three rows, the head at the first");
+    let (id, epoch) = claim_one(&pg, "race").await.expect("the first row");
+
+    writer.batch_execute("BEGIN").await.expect("begin");
+    writer
+        .execute(
+            "SELECT lease.release($1, 'w', $2, 'abandon')",
+            &[&id, &epoch],
+        )
+        .await
+        .expect("abandon, not yet committed");
+    // The sweep's snapshot still sees the first row leased.
+    sweep(&pg).await;
+    writer.batch_execute("COMMIT").await.expect("commit");
+
+    assert_eq!(
+        next_claimed(&pg, "race").await,
+        Some(id),
+        "the abandoned row first"
+    );
+}
+
+/// A writer in a REPEATABLE READ transaction whose snapshot predates a
+/// raise of the head cannot see it: its enqueue fails with 40001 instead of
+/// leaving its row before the head, and succeeds when retried.
+#[tokio::test]
+async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    let writer = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('rr');
+         SELECT lease.enqueue('rr', '{}');
+         SELECT lease.enqueue('rr', '{}', run_at => now() + interval '30 minutes');",
+    )
+    .await
+    .expect("a row due now, one due in 30 minutes");
+    writer
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lease.queue")
+        .await
+        .expect("a snapshot");
+    // The first row claimed, the head moves up to the second.
+    claim_one(&pg, "rr").await.expect("the first row");
+    sweep(&pg).await;
+    let err = writer
+        .execute("SELECT lease.enqueue('rr', '{}')", &[])
+        .await
+        .expect_err("the enqueue cannot trust the head it sees");
+    assert_eq!(sqlstate(&err).as_deref(), Some("40001"), "{err}");
+    writer.batch_execute("ROLLBACK").await.expect("rollback");
+    let id: i64 = scalar(&writer, "SELECT lease.enqueue('rr', '{}')").await;
+    assert_eq!(
+        next_claimed(&pg, "rr").await,
+        Some(id),
+        "the retried row first"
+    );
+}
