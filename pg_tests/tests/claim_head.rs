@@ -6,7 +6,7 @@
 //! claims left at the front of `job_ready`, and a held snapshot kept them
 //! all (408 buffers read for 16 index entries mid-drain; with a pinned
 //! snapshot, 0.28× of the unpinned drain rate). The first test failed on
-//! main at 5282d23: its claim read 140 index blocks. The other tests guard
+//! main at 5282d23: its claim read 137 index blocks (and 427 heap blocks). The other tests guard
 //! the head's one rule, that no pending row is ever before it: each was
 //! broken on purpose by removing the writer's `_lower_head` call (or, for
 //! the race, the lock in `_lower_head`), and then claimed the later row
@@ -96,7 +96,7 @@ async fn early_row_behind_the_head(pg: &Client, queue: &str) -> (i64, i64) {
     early
 }
 
-/// Fails on main at 5282d23 (140 index blocks): with a snapshot held since
+/// Fails on main at 5282d23 (137 index blocks): with a snapshot held since
 /// before the drain, a claim walked all 19,000 entries the drain left.
 #[tokio::test]
 async fn a_claim_reads_nothing_that_was_drained_under_a_held_snapshot() {
@@ -320,7 +320,7 @@ async fn a_sweep_during_an_uncommitted_abandon_leaves_the_head_before_it() {
 }
 
 /// A writer in a REPEATABLE READ transaction whose snapshot predates a
-/// raise of the head cannot see it: its enqueue fails with 40001 instead of
+/// raise of the head cannot see it: its abandon fails with 40001 instead of
 /// leaving its row before the head, and succeeds when retried.
 #[tokio::test]
 async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
@@ -330,27 +330,33 @@ async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
     pg.batch_execute(
         "SELECT lease.create_queue('rr');
          SELECT lease.enqueue('rr', '{}');
+         SELECT lease.enqueue('rr', '{}');
          SELECT lease.enqueue('rr', '{}', run_at => now() + interval '30 minutes');",
     )
     .await
-    .expect("a row due now, one due in 30 minutes");
+    .expect("two rows due now, one due in 30 minutes");
+    let (id, epoch) = claim_one(&pg, "rr").await.expect("the first row");
     writer
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lease.queue")
         .await
         .expect("a snapshot");
-    // The first row claimed, the head moves up to the second.
-    claim_one(&pg, "rr").await.expect("the first row");
+    // The second row claimed, the head moves up to the third.
+    claim_one(&pg, "rr").await.expect("the second row");
     sweep(&pg).await;
+    let abandon = "SELECT lease.release($1, 'w', $2, 'abandon')";
     let err = writer
-        .execute("SELECT lease.enqueue('rr', '{}')", &[])
+        .execute(abandon, &[&id, &epoch])
         .await
-        .expect_err("the enqueue cannot trust the head it sees");
+        .expect_err("the abandon cannot trust the head it sees");
     assert_eq!(sqlstate(&err).as_deref(), Some("40001"), "{err}");
     writer.batch_execute("ROLLBACK").await.expect("rollback");
-    let id: i64 = scalar(&writer, "SELECT lease.enqueue('rr', '{}')").await;
+    writer
+        .execute(abandon, &[&id, &epoch])
+        .await
+        .expect("the abandon, retried");
     assert_eq!(
         next_claimed(&pg, "rr").await,
         Some(id),
-        "the retried row first"
+        "the abandoned row first"
     );
 }
