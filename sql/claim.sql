@@ -29,6 +29,7 @@ DECLARE
     hr bigint;
     hn timestamptz;
     hi bigint;
+    raised timestamptz;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -37,8 +38,8 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id
-      INTO restricted, hp, hr, hn, hi
+    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id, qu.head_raised_at
+      INTO restricted, hp, hr, hn, hi, raised
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -98,6 +99,12 @@ BEGIN
     ELSE
         -- New leases: the reaper has work here once they may expire.
         PERFORM lease._reaper_touch(), lease._count(q, claimed => got, pending => -got);
+        -- What this claim and those before it took is behind the head now:
+        -- move it up, at most every 50 ms and only where the queue row's
+        -- lock ends with this statement (head.sql).
+        IF raised < t - interval '50 milliseconds' AND lease._own_transaction() THEN
+            PERFORM lease._raise_head(q, false);
+        END IF;
     END IF;
 END
 $$;

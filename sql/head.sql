@@ -19,14 +19,17 @@
 --   (enqueue's foreign key takes the same), reads the head as it now is,
 --   and moves it back if the row is before it.
 --
--- * Raising is done rarely, by lease.sweep, never by claims: it takes the
---   queue row FOR UPDATE SKIP LOCKED, which it only gets while no writer of
---   the first rule is between its change and its commit, and then, in a new
---   statement whose snapshot sees every such writer's rows, moves the head
---   to the first pending row (pending, not merely claimable: a row locked by
---   a claim still in flight counts, the claim may roll back). A writer that
---   changes a row after that lock was taken reads the raised head once the
---   sweep commits, and lowers it again if need be.
+-- * Raising takes the queue row FOR UPDATE SKIP LOCKED, which it only gets
+--   while no writer of the first rule is between its change and its commit,
+--   and then, in a new statement whose snapshot sees every such writer's
+--   rows, moves the head to the first pending row (pending, not merely
+--   claimable: a row locked by a claim still in flight counts, the claim may
+--   roll back). A writer that changes a row after that lock was taken reads
+--   the raised head once the raiser commits, and lowers it again if need
+--   be. lease.sweep raises the heads of queues that had claims; a claim
+--   raises its own queue's head at most every 50 ms, and only when it is a
+--   transaction of its own: the lock holds producers off until the raiser
+--   commits.
 --
 -- The head only ever says where to start: a lowering that could have been
 -- skipped costs a claim some walking, never a row. As a safety net for rows
@@ -117,16 +120,15 @@ BEGIN
         i := 9223372036854775807;
     END IF;
     UPDATE lease.queue q
-       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i,
+       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i, head_raised_at = clock_timestamp(),
            head_checked_at = CASE WHEN from_start THEN clock_timestamp() ELSE q.head_checked_at END
-     WHERE q.name = _raise_head.queue
-       AND (from_start OR (q.head_priority, q.head_rank, q.head_next_at, q.head_id) IS DISTINCT FROM (p, r, n, i));
+     WHERE q.name = _raise_head.queue;
     RETURN true;
 END
 $$;
 
 COMMENT ON FUNCTION lease._raise_head(text, boolean) IS
-$$Internal (lease.sweep): moves the head of QUEUE forward to its first pending row, or to the end of the
+$$Internal (lease.sweep, lease.claim_pending): moves the head of QUEUE forward to its first pending row, or to the end of the
 claim order if it has none, searching from the head or, with FROM_START, from the start of the queue.
 Returns false, changing nothing, when a writer holds the queue row or the transaction is not READ
 COMMITTED.$$;

@@ -60,6 +60,8 @@ CREATE TABLE lease.queue (
     head_rank       bigint NOT NULL DEFAULT -9223372036854775808,
     head_next_at    timestamptz NOT NULL DEFAULT '-infinity',
     head_id         bigint NOT NULL DEFAULT -9223372036854775808,
+    -- When a raise last moved the head (claims raise at most every 50 ms).
+    head_raised_at  timestamptz NOT NULL DEFAULT '-infinity',
     -- When lease.sweep last searched for the head from the very start.
     head_checked_at timestamptz NOT NULL DEFAULT '-infinity',
     CHECK (backoff_max >= backoff_base)

@@ -109,3 +109,10 @@ AS $$ SELECT NULL::bigint $$;
 CREATE FUNCTION lease._reaper_last_slot_shortage() RETURNS bigint
 LANGUAGE sql VOLATILE STRICT PARALLEL SAFE
 AS $$ SELECT NULL::bigint $$;
+
+-- Claims raise their queue's head only where its lock is surely released
+-- at the end of the statement; without the library that cannot be told,
+-- so they leave it to the sweep.
+CREATE FUNCTION lease._own_transaction() RETURNS boolean
+LANGUAGE sql VOLATILE STRICT PARALLEL SAFE
+AS $$ SELECT false $$;

@@ -26,6 +26,7 @@ ALTER TABLE lease.queue
     ADD COLUMN head_rank       bigint NOT NULL DEFAULT -9223372036854775808,
     ADD COLUMN head_next_at    timestamptz NOT NULL DEFAULT '-infinity',
     ADD COLUMN head_id         bigint NOT NULL DEFAULT -9223372036854775808,
+    ADD COLUMN head_raised_at  timestamptz NOT NULL DEFAULT '-infinity',
     ADD COLUMN head_checked_at timestamptz NOT NULL DEFAULT '-infinity';
 
 -- Constant defaults: no table rewrite. The claim index follows the new
@@ -172,7 +173,7 @@ DROP VIEW lease.reaper_stats;
 
 -- Functions and views new or changed in 0.2.0 -----------------------------
 
--- In Rust (extension/src/predicate.rs, shared.rs, cron.rs).
+-- In Rust (extension/src/predicate.rs, shared.rs, cron.rs, statement.rs).
 CREATE FUNCTION lease."_cron_next"("spec" TEXT, "after" double precision) RETURNS double precision
 IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c
@@ -207,6 +208,14 @@ CREATE FUNCTION lease."_reaper_slot_shortages"() RETURNS bigint
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'reaper_slot_shortages_wrapper';
+
+CREATE FUNCTION lease."_own_transaction"() RETURNS bool
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'own_transaction_wrapper';
+COMMENT ON FUNCTION lease._own_transaction() IS
+$$Internal: whether the running statement is a transaction of its own (not inside BEGIN ... COMMIT or a
+multi-statement query string), so that a lock it takes is held only until it ends.$$;
 
 -- In sql/, in the order of the install script.
 -- head.sql: where claims start (new).
@@ -294,16 +303,15 @@ BEGIN
         i := 9223372036854775807;
     END IF;
     UPDATE lease.queue q
-       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i,
+       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i, head_raised_at = clock_timestamp(),
            head_checked_at = CASE WHEN from_start THEN clock_timestamp() ELSE q.head_checked_at END
-     WHERE q.name = _raise_head.queue
-       AND (from_start OR (q.head_priority, q.head_rank, q.head_next_at, q.head_id) IS DISTINCT FROM (p, r, n, i));
+     WHERE q.name = _raise_head.queue;
     RETURN true;
 END
 $$;
 
 COMMENT ON FUNCTION lease._raise_head(text, boolean) IS
-$$Internal (lease.sweep): moves the head of QUEUE forward to its first pending row, or to the end of the
+$$Internal (lease.sweep, lease.claim_pending): moves the head of QUEUE forward to its first pending row, or to the end of the
 claim order if it has none, searching from the head or, with FROM_START, from the start of the queue.
 Returns false, changing nothing, when a writer holds the queue row or the transaction is not READ
 COMMITTED.$$;
@@ -1607,6 +1615,7 @@ DECLARE
     hr bigint;
     hn timestamptz;
     hi bigint;
+    raised timestamptz;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -1615,8 +1624,8 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id
-      INTO restricted, hp, hr, hn, hi
+    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id, qu.head_raised_at
+      INTO restricted, hp, hr, hn, hi, raised
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -1676,6 +1685,12 @@ BEGIN
     ELSE
         -- New leases: the reaper has work here once they may expire.
         PERFORM lease._reaper_touch(), lease._count(q, claimed => got, pending => -got);
+        -- What this claim and those before it took is behind the head now:
+        -- move it up, at most every 50 ms and only where the queue row's
+        -- lock ends with this statement (head.sql).
+        IF raised < t - interval '50 milliseconds' AND lease._own_transaction() THEN
+            PERFORM lease._raise_head(q, false);
+        END IF;
     END IF;
 END
 $$;

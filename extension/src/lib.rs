@@ -4,7 +4,8 @@
 //! concept, and is pulled into the extension script here in dependency order.
 //! Rust adds what SQL cannot: the background reaper ([`launcher`] and
 //! [`sweeper`], which also [`vacuum`]s `lease.job`) and its [`settings`],
-//! active when the library is in `shared_preload_libraries`.
+//! active when the library is in `shared_preload_libraries`, and a look at
+//! the backend's transaction state ([`statement`]).
 
 use pgrx::prelude::*;
 
@@ -14,6 +15,7 @@ pub mod launcher;
 pub mod predicate;
 pub mod settings;
 pub mod shared;
+pub mod statement;
 pub mod sweeper;
 pub mod vacuum;
 
@@ -100,11 +102,13 @@ pgrx::extension_sql_file!(
         "schema",
         "check",
         "access",
+        "head",
         "lease",
         "metrics",
         "outcome",
         epoch::epoch_floor,
-        shared::reaper_touch
+        shared::reaper_touch,
+        statement::own_transaction
     ]
 );
 pgrx::extension_sql_file!(

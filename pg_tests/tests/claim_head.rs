@@ -293,12 +293,15 @@ async fn a_sweep_during_an_uncommitted_abandon_leaves_the_head_before_it() {
     let writer = cluster.connect().await;
     pg.batch_execute(
         "SELECT lease.create_queue('race', backoff_base => '0', backoff_max => '0');
-         SELECT lease.enqueue_batch('race', ARRAY['{}', '{}', '{}']::jsonb[]);
-         SELECT lease.sweep();",
+         SELECT lease.enqueue_batch('race', ARRAY['{}', '{}', '{}']::jsonb[]);",
     )
     .await
-    .expect("three rows, the head at the first");
+    .expect("three rows, the head at the start");
+    // Claimed in a transaction block, so that the claim leaves the head
+    // at the start and the abandon has nothing to lower.
+    pg.batch_execute("BEGIN").await.expect("begin");
     let (id, epoch) = claim_one(&pg, "race").await.expect("the first row");
+    pg.batch_execute("COMMIT").await.expect("commit");
 
     writer.batch_execute("BEGIN").await.expect("begin");
     writer
@@ -335,7 +338,11 @@ async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
     )
     .await
     .expect("two rows due now, one due in 30 minutes");
+    // Claimed in a transaction block: the head stays at the start, and the
+    // writer's snapshot sees no reason to lower it.
+    pg.batch_execute("BEGIN").await.expect("begin");
     let (id, epoch) = claim_one(&pg, "rr").await.expect("the first row");
+    pg.batch_execute("COMMIT").await.expect("commit");
     writer
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lease.queue")
         .await
@@ -359,4 +366,62 @@ async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
         Some(id),
         "the abandoned row first"
     );
+}
+
+/// A claim that is a transaction of its own moves the head past what it
+/// took, without waiting for a sweep (none runs here). Without the library
+/// claims cannot tell, and leave it to the sweep.
+#[tokio::test]
+async fn a_claim_of_its_own_moves_the_head_past_what_it_took() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    let eleventh: i64 = scalar(
+        &pg,
+        "SELECT id FROM lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[20])) AS id
+          ORDER BY id OFFSET 10 LIMIT 1",
+    )
+    .await;
+    pg.batch_execute("SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'w')")
+        .await
+        .expect("a claim of 10");
+    let head: i64 = scalar(
+        &pg,
+        "SELECT head_id FROM lease.queue WHERE name = 'default'",
+    )
+    .await;
+    if pg_tests::sql_install_mode() {
+        assert_eq!(head, i64::MIN, "the head stays at the start until a sweep");
+    } else {
+        assert_eq!(head, eleventh, "the head is at the first row not taken");
+    }
+}
+
+/// A claim inside `BEGIN … COMMIT` leaves the queue row alone, so that a
+/// producer never waits for a worker's transaction: the enqueue succeeds
+/// within its lock timeout while the worker's transaction stays open.
+///
+/// Broken on purpose: with the `_own_transaction` test removed from
+/// `claim_pending`, the enqueue timed out (55P03) behind the worker.
+#[tokio::test]
+async fn a_claim_inside_a_transaction_block_holds_no_producer_off() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    let worker = cluster.connect().await;
+    pg.batch_execute("SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[20]))")
+        .await
+        .expect("enqueue");
+    worker
+        .batch_execute("BEGIN; SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'w')")
+        .await
+        .expect("a claim in an open transaction");
+    pg.batch_execute("SET lock_timeout = '2s'; SELECT lease.enqueue('default', '{}')")
+        .await
+        .expect("the producer does not wait for the worker");
+    let head: i32 = scalar(
+        &pg,
+        "SELECT head_priority FROM lease.queue WHERE name = 'default'",
+    )
+    .await;
+    assert_eq!(head, i32::MAX, "the head stays at the start");
+    worker.batch_execute("COMMIT").await.expect("commit");
 }

@@ -27,6 +27,7 @@ const STAND_INS: &[&str] = &[
     "_reaper_discover()",
     "_reaper_slot_shortages()",
     "_reaper_last_slot_shortage()",
+    "_own_transaction()",
 ];
 
 /// A catalog with the installing role's name made neutral, and without the
