@@ -50,6 +50,15 @@ async fn claim_one(pg: &Client, queue: &str) -> Option<(i64, i64)> {
     .map(|r| (r.get(0), r.get(1)))
 }
 
+/// [`claim_one`] inside `BEGIN … COMMIT`: a claim there leaves the head
+/// where it is (only a claim that is its own transaction moves it).
+async fn claim_one_in_a_block(pg: &Client, queue: &str) -> (i64, i64) {
+    pg.batch_execute("BEGIN").await.expect("begin");
+    let claimed = claim_one(pg, queue).await.expect("a row to claim");
+    pg.batch_execute("COMMIT").await.expect("commit");
+    claimed
+}
+
 /// The id of the row the next claim of `queue` hands out, if any.
 async fn next_claimed(pg: &Client, queue: &str) -> Option<i64> {
     claim_one(pg, queue).await.map(|(id, _)| id)
@@ -297,11 +306,8 @@ async fn a_sweep_during_an_uncommitted_abandon_leaves_the_head_before_it() {
     )
     .await
     .expect("three rows, the head at the start");
-    // Claimed in a transaction block, so that the claim leaves the head
-    // at the start and the abandon has nothing to lower.
-    pg.batch_execute("BEGIN").await.expect("begin");
-    let (id, epoch) = claim_one(&pg, "race").await.expect("the first row");
-    pg.batch_execute("COMMIT").await.expect("commit");
+    // The head stays at the start, so the abandon has nothing to lower.
+    let (id, epoch) = claim_one_in_a_block(&pg, "race").await;
 
     writer.batch_execute("BEGIN").await.expect("begin");
     writer
@@ -338,11 +344,9 @@ async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
     )
     .await
     .expect("two rows due now, one due in 30 minutes");
-    // Claimed in a transaction block: the head stays at the start, and the
-    // writer's snapshot sees no reason to lower it.
-    pg.batch_execute("BEGIN").await.expect("begin");
-    let (id, epoch) = claim_one(&pg, "rr").await.expect("the first row");
-    pg.batch_execute("COMMIT").await.expect("commit");
+    // The head stays at the start: the writer's snapshot sees no reason
+    // to lower it.
+    let (id, epoch) = claim_one_in_a_block(&pg, "rr").await;
     writer
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lease.queue")
         .await
