@@ -1,16 +1,18 @@
 //! Each queue's head (sql/head.sql): claims start reading `job_ready` where
-//! no pending row can be before them, `lease.sweep` moves the head forward,
-//! and every writer that makes a row pending moves it back if need be.
+//! no pending row can be before them, `lease.sweep` and claims that are
+//! transactions of their own move the head forward, and every writer that
+//! makes a row pending moves it back if need be.
 //!
 //! Issue 15 reported the defect: a claim walked every entry that earlier
 //! claims left at the front of `job_ready`, and a held snapshot kept them
 //! all (408 buffers read for 16 index entries mid-drain; with a pinned
 //! snapshot, 0.28× of the unpinned drain rate). The first test failed on
-//! main at 5282d23: its claim read 137 index blocks (and 427 heap blocks). The other tests guard
-//! the head's one rule, that no pending row is ever before it: each was
-//! broken on purpose by removing the writer's `_lower_head` call (or, for
-//! the race, the lock in `_lower_head`), and then claimed the later row
-//! instead of the early one.
+//! main at 5282d23: its claim read 137 index blocks (and 427 heap blocks).
+//! The other tests guard the head's one rule, that no pending row is ever
+//! before it, and the claims' raise: each was broken on purpose in the
+//! installed script (the writer's `_lower_head` call removed, the lock in
+//! `_lower_head` removed, the claims' raise or its transaction test
+//! removed) and failed.
 
 use pg_tests::{scalar, sqlstate, Cluster};
 use tokio_postgres::Client;
