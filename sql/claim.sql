@@ -24,11 +24,7 @@ DECLARE
     f constant bigint := lease.epoch_floor();
     got bigint;
     restricted boolean;
-    -- The queue's head (head.sql): no pending row is before it.
-    hp integer;
-    hr bigint;
-    hn timestamptz;
-    hi bigint;
+    -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
@@ -38,9 +34,7 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_priority, qu.head_rank, qu.head_next_at, qu.head_id, qu.head_raised_at
-      INTO restricted, hp, hr, hn, hi, raised
-      FROM lease.queue qu WHERE qu.name = q;
+    SELECT qu.restricted, qu.head_raised_at INTO restricted, raised FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
@@ -60,27 +54,36 @@ BEGIN
     -- from the head on, then the lower priorities (the row comparison only
     -- bounds an index scan over columns of one direction). Before the
     -- first raise the head is the start, and the first arm finds nothing.
+    -- The head is read in this statement: with the rows, in one snapshot,
+    -- so a row committed just before is never before a head read earlier.
     RETURN QUERY
     WITH picked AS MATERIALIZED (
         SELECT a.id
-          FROM (SELECT j.id
+          FROM lease.queue h
+         CROSS JOIN LATERAL (
+                SELECT j.id
                   FROM lease.job j
-                 WHERE j.queue = q AND j.priority = hp AND (j.rank, j.next_at, j.id) >= (hr, hn, hi)
+                 WHERE j.queue = q AND j.priority = h.head_priority
+                   AND (j.rank, j.next_at, j.id) >= (h.head_rank, h.head_next_at, h.head_id)
                    AND j.state = 'pending' AND NOT j.held
                    AND j.next_at <= t
                  ORDER BY j.rank, j.next_at, j.id
                  LIMIT n
-                   FOR UPDATE SKIP LOCKED) AS a
+                   FOR UPDATE OF j SKIP LOCKED) AS a
+         WHERE h.name = q
         UNION ALL
         SELECT b.id
-          FROM (SELECT j.id
+          FROM lease.queue h
+         CROSS JOIN LATERAL (
+                SELECT j.id
                   FROM lease.job j
-                 WHERE j.queue = q AND j.priority < hp
+                 WHERE j.queue = q AND j.priority < h.head_priority
                    AND j.state = 'pending' AND NOT j.held
                    AND j.next_at <= t
                  ORDER BY j.priority DESC, j.rank, j.next_at, j.id
                  LIMIT n
-                   FOR UPDATE SKIP LOCKED) AS b
+                   FOR UPDATE OF j SKIP LOCKED) AS b
+         WHERE h.name = q
          LIMIT n
     )
     UPDATE lease.job j
