@@ -101,9 +101,14 @@ CREATE TABLE lease.job (
     -- claimable, and outside job_ready, until a slot frees.
     held             boolean NOT NULL DEFAULT false
 )
--- Free space on each page so that renewals (lease_until only, which no index
--- covers) stay HOT updates.
-WITH (fillfactor = 80);
+-- fillfactor: free space on each page so that renewals (lease_until only,
+-- which no index covers) stay HOT updates. The other two keep autovacuum
+-- from holding the table for seconds, during which the reaper's vacuum
+-- (extension/src/vacuum.rs) skips it and dead rows pile up: no cost-based
+-- naps on a small, hot table, and no attempt to cut empty pages off the
+-- file's end, which waits up to 5 s for an exclusive lock a busy queue
+-- never gives. The file keeps its largest size; later rows reuse it.
+WITH (fillfactor = 80, autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
 
 COMMENT ON TABLE lease.job IS
     'Work items and their leases. Read through the lease.* views; change only through lease.* functions.';

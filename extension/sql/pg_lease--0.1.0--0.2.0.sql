@@ -35,6 +35,8 @@ ALTER TABLE lease.queue
 ALTER TABLE lease.job ADD COLUMN rank bigint NOT NULL DEFAULT 0;
 ALTER TABLE lease.job ADD COLUMN unique_key text;
 ALTER TABLE lease.job ADD COLUMN concurrency_key text, ADD COLUMN held boolean NOT NULL DEFAULT false;
+-- Autovacuum must not hold the table for seconds (schema.sql).
+ALTER TABLE lease.job SET (autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
 DROP INDEX lease.job_ready;
 CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
     WHERE state = 'pending' AND NOT held;
