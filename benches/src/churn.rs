@@ -4,6 +4,12 @@
 //! `lease.job` and its indexes against the size its live rows would take
 //! freshly loaded, so that growth that levels off can be told from growth
 //! that does not.
+//!
+//! The producers hold the backlog near [`BACKLOG`] pending rows: they
+//! enqueue twice what a consumer takes per cycle, and wait while the queue
+//! is full. With free-running producers at the consumers' pace it wandered
+//! between a few hundred and 70,000 rows, and the size over the live rows'
+//! size said more about that walk than about the table.
 
 use std::time::{Duration, Instant};
 
@@ -11,12 +17,12 @@ use crate::pgbench::{Length, Run};
 use crate::report::{rate, ratio, Results, Table};
 use crate::scenarios::{pg, Bench, Res, Side};
 
-/// Pending rows at the start; also the fresh load that measures how many
-/// bytes a live row takes.
+/// Pending rows at the start and the most the producers fill the queue to;
+/// also the fresh load that measures how many bytes a live row takes.
 const BACKLOG: u64 = 10_000;
 
 /// Samples taken over the run (plus one at the start).
-const SAMPLES: u32 = 10;
+const SAMPLES: u32 = 20;
 
 /// One look at `lease.job` during the churn.
 struct Sample {
@@ -48,10 +54,10 @@ impl Bench {
         let t0 = self.admin.query_one(totals, &[]).await.map_err(pg)?;
         let length = Duration::from_secs(self.size.churn_seconds);
         let run = Run {
-            scripts: vec![("lease_enqueue_b50.sql", 1), ("lease_b50.sql", 1)],
+            scripts: vec![("lease_enqueue_held.sql", 1), ("lease_b50.sql", 1)],
             clients: 16,
             length: Length::Seconds(self.size.churn_seconds),
-            defines: Vec::new(),
+            defines: vec![("cap".to_owned(), BACKLOG.to_string())],
             deadline: length + Duration::from_secs(120),
         };
         let (outcome, samples) = tokio::join!(self.pgbench.run(&run), self.samples(length));
@@ -66,9 +72,9 @@ impl Bench {
         let mut t = Table::new(
             &format!("Sustained churn: {} s", self.size.churn_seconds),
             &format!(
-                "16 pgbench clients, each transaction either `enqueue_batch` of 50 rows or a \
-                 batch-50 claim + `release_batch` (equal weights), starting from {BACKLOG} \
-                 pending rows; default autovacuum settings (naptime 1 min), the reaper at its \
+                "16 pgbench clients, each transaction either `enqueue_batch` of 100 rows (while \
+                 fewer than {BACKLOG} rows are pending; else a 1 ms wait) or a batch-50 claim + \
+                 `release_batch` (equal weights), starting from {BACKLOG} pending rows; default autovacuum settings (naptime 1 min), the reaper at its \
                  defaults (`lease.vacuum_dead_rows = 10000`). {ins} rows enqueued and {del} \
                  completed ({}/s each way). A live row takes {per_row:.0} bytes of table and \
                  indexes freshly loaded; \"× live\" is the size over that many bytes per live \

@@ -12,7 +12,7 @@
 //! (`benches/results/smoke/` with `--smoke`).
 //!
 //! ```text
-//! bench [--smoke] [--only SECTION,...] [--out DIR]
+//! bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
 //! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, reaper, sweep
 //! ```
@@ -47,6 +47,8 @@ const SECTIONS: &[&str] = &[
 
 struct Args {
     smoke: bool,
+    /// `--churn-seconds`: overrides the size's churn length.
+    churn_seconds: Option<u64>,
     plot_from: Option<PathBuf>,
     only: Vec<String>,
     out: PathBuf,
@@ -55,6 +57,7 @@ struct Args {
 fn parse_args() -> Res<Args> {
     let bench_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut smoke = false;
+    let mut churn_seconds = None;
     let mut only = Vec::new();
     let mut out = None;
     let mut plot_from = None;
@@ -62,6 +65,10 @@ fn parse_args() -> Res<Args> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => smoke = true,
+            "--churn-seconds" => {
+                let n = args.next().ok_or("--churn-seconds needs a number")?;
+                churn_seconds = Some(n.parse().map_err(|e| format!("--churn-seconds {n}: {e}"))?);
+            }
             "--only" => {
                 let list = args.next().ok_or("--only needs a list of sections")?;
                 for s in list.split(',') {
@@ -82,7 +89,7 @@ fn parse_args() -> Res<Args> {
             "--out" => out = Some(PathBuf::from(args.next().ok_or("--out needs a directory")?)),
             "-h" | "--help" => {
                 println!(
-                    "bench [--smoke] [--only SECTION,...] [--out DIR] | bench --plot-from DIR\nsections: {}",
+                    "bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR] | bench --plot-from DIR\nsections: {}",
                     SECTIONS.join(", ")
                 );
                 std::process::exit(0);
@@ -102,6 +109,7 @@ fn parse_args() -> Res<Args> {
     });
     Ok(Args {
         smoke,
+        churn_seconds,
         plot_from,
         only,
         out,
@@ -165,10 +173,14 @@ fn run() -> Res<()> {
                 db: TEST_DB.to_owned(),
                 scratch: scratch.clone(),
             },
-            size: if args.smoke {
-                Size::smoke()
-            } else {
-                Size::full()
+            size: {
+                let mut size = if args.smoke {
+                    Size::smoke()
+                } else {
+                    Size::full()
+                };
+                size.churn_seconds = args.churn_seconds.unwrap_or(size.churn_seconds);
+                size
             },
         };
         let mut results = Results {
