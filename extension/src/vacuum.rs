@@ -41,8 +41,8 @@ use crate::settings;
 /// false`: cutting empty pages off the file's end takes an exclusive lock
 /// that a busy queue never lets go of, and `VACUUM` asks for it for up to
 /// five seconds. Under churn that wait was 4.4–5.2 s of every ~5 s pass,
-/// while dead rows piled up behind it. Autovacuum still shrinks the file
-/// once the queue is quiet.
+/// while dead rows piled up behind it. The table's `vacuum_truncate =
+/// false` keeps autovacuum from trying too (sql/schema.sql).
 const VACUUM: &std::ffi::CStr = c"VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false) lease.job";
 
 /// Whether `lease.job` is due a vacuum: its dead rows exceed its live rows

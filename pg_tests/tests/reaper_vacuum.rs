@@ -8,6 +8,7 @@
 //! `vacuum::due`, the pinned-snapshot test saw a vacuum on nearly every pass
 //! and failed.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use pg_tests::{eventually, reaper_conf, scalar, Cluster, ClusterConfig};
@@ -17,11 +18,13 @@ use tokio_postgres::Client;
 const ROUND: i64 = 1000;
 
 /// A preloaded cluster sweeping every 100 ms, with autovacuum off and the
-/// sweeper vacuuming at 2,000 dead rows beyond the live ones.
-async fn churning_cluster() -> (Cluster, Client) {
+/// sweeper vacuuming at 2,000 dead rows beyond the live ones, unless
+/// `settings` (appended last) say otherwise.
+async fn churning_cluster(settings: &[&str]) -> (Cluster, Client) {
     let mut extra_conf = reaper_conf(Duration::from_millis(100));
     extra_conf.push("autovacuum = off".into());
     extra_conf.push("lease.vacuum_dead_rows = 2000".into());
+    extra_conf.extend(settings.iter().map(|s| (*s).to_owned()));
     let cluster = Cluster::start_with(ClusterConfig {
         extra_conf,
         ..ClusterConfig::default()
@@ -32,6 +35,18 @@ async fn churning_cluster() -> (Cluster, Client) {
         .await
         .expect("queue");
     (cluster, client)
+}
+
+/// A session holding an ACCESS SHARE lock on `lease.job`, as every claim
+/// and enqueue does, but no snapshot, so the removal horizon still moves.
+/// `COMMIT` on it lets go.
+async fn traffic(cluster: &Cluster) -> Client {
+    let traffic = cluster.connect().await;
+    traffic
+        .batch_execute("BEGIN; LOCK TABLE lease.job IN ACCESS SHARE MODE")
+        .await
+        .expect("a lock like any claim's");
+    traffic
 }
 
 /// One round: enqueue [`ROUND`] rows, claim them, complete them. Each row
@@ -50,19 +65,48 @@ async fn churn_round(client: &Client) {
 
 /// How often `lease.job` was vacuumed by hand (the sweeper's vacuum counts
 /// as manual; autovacuum is off).
+const VACUUMS: &str = "SELECT pg_stat_get_vacuum_count('lease.job'::regclass)";
+
+/// [`VACUUMS`], read now.
 async fn vacuums(client: &Client) -> i64 {
-    scalar(
-        client,
-        "SELECT pg_stat_get_vacuum_count('lease.job'::regclass)",
-    )
-    .await
+    scalar(client, VACUUMS).await
+}
+
+/// Polls `pg_stat_progress_vacuum` for `lease.job` every 20 ms until
+/// `done` (a query returning a bigint) is above 0 or `limit` passes.
+/// Returns the phases seen and how long after the first sighting the
+/// polling ended (`None`: no vacuum was ever caught in progress).
+async fn vacuum_phases_until(
+    client: &Client,
+    done: &str,
+    limit: Duration,
+) -> (BTreeSet<String>, Option<Duration>) {
+    let mut phases = BTreeSet::new();
+    let mut first_seen = None;
+    let start = Instant::now();
+    while scalar::<i64>(client, done).await == 0 && start.elapsed() < limit {
+        let seen = client
+            .query(
+                "SELECT phase FROM pg_stat_progress_vacuum
+                  WHERE relid = 'lease.job'::regclass",
+                &[],
+            )
+            .await
+            .expect("vacuum progress");
+        if !seen.is_empty() {
+            first_seen.get_or_insert_with(Instant::now);
+        }
+        phases.extend(seen.iter().map(|r| r.get::<_, String>(0)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (phases, first_seen.map(|t| t.elapsed()))
 }
 
 /// Fails on the code before the fix: nothing vacuumed `lease.job`, so after
 /// 40 rounds (80,000 dead versions) it held every one of them.
 #[tokio::test]
 async fn the_sweeper_vacuums_a_churning_job_table() {
-    let (_cluster, client) = churning_cluster().await;
+    let (_cluster, client) = churning_cluster(&[]).await;
     for _ in 0..40 {
         churn_round(&client).await;
         // Room for a pass and for the backends' statistics to arrive.
@@ -90,7 +134,7 @@ async fn the_sweeper_vacuums_a_churning_job_table() {
 /// (49 vacuums in the 8 s run).
 #[tokio::test]
 async fn a_pinned_snapshot_does_not_make_the_sweeper_vacuum_every_pass() {
-    let (cluster, client) = churning_cluster().await;
+    let (cluster, client) = churning_cluster(&[]).await;
     let pinner = cluster.connect().await;
     pinner
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lease.job")
@@ -125,7 +169,7 @@ async fn a_pinned_snapshot_does_not_make_the_sweeper_vacuum_every_pass() {
 /// "truncating heap".
 #[tokio::test]
 async fn the_sweepers_vacuum_does_not_wait_to_shrink_a_busy_table() {
-    let (cluster, client) = churning_cluster().await;
+    let (cluster, client) = churning_cluster(&[]).await;
     // One lease on the file's first page, expiring in 3 s: that expiry
     // has the launcher sweep again after the churn's statistics arrived.
     client
@@ -135,31 +179,13 @@ async fn the_sweepers_vacuum_does_not_wait_to_shrink_a_busy_table() {
         )
         .await
         .expect("a lease that expires later");
-    let traffic = cluster.connect().await;
-    traffic
-        .batch_execute("BEGIN; LOCK TABLE lease.job IN ACCESS SHARE MODE")
-        .await
-        .expect("a lock like any claim's");
+    let traffic = traffic(&cluster).await;
     // Every other row deleted: the rest of the file is empty pages that a
     // vacuum could cut off.
     for _ in 0..10 {
         churn_round(&client).await;
     }
-    let watcher = cluster.connect().await;
-    let mut phases = std::collections::BTreeSet::new();
-    let start = Instant::now();
-    while vacuums(&client).await == 0 && start.elapsed() < Duration::from_secs(20) {
-        let seen = watcher
-            .query(
-                "SELECT phase FROM pg_stat_progress_vacuum
-                  WHERE relid = 'lease.job'::regclass",
-                &[],
-            )
-            .await
-            .expect("vacuum progress");
-        phases.extend(seen.iter().map(|r| r.get::<_, String>(0)));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (phases, _) = vacuum_phases_until(&client, VACUUMS, Duration::from_secs(20)).await;
     assert!(
         vacuums(&client).await > 0,
         "no vacuum ran (phases seen: {phases:?})"
@@ -181,52 +207,20 @@ async fn the_sweepers_vacuum_does_not_wait_to_shrink_a_busy_table() {
 /// autovacuum sat in "truncating heap", and its pass took seconds.
 #[tokio::test]
 async fn autovacuum_neither_crawls_through_nor_waits_to_shrink_lease_job() {
-    let mut extra_conf = reaper_conf(Duration::from_millis(100));
-    extra_conf.extend([
-        "autovacuum_naptime = 1".into(),
-        "autovacuum_vacuum_cost_limit = 1".into(),
+    let (cluster, client) = churning_cluster(&[
+        "autovacuum = on",
+        "autovacuum_naptime = 1",
+        "autovacuum_vacuum_cost_limit = 1",
         // The sweeper stays out of the way: autovacuum alone vacuums.
-        "lease.vacuum_dead_rows = 0".into(),
-    ]);
-    let cluster = Cluster::start_with(ClusterConfig {
-        extra_conf,
-        ..ClusterConfig::default()
-    });
-    let client = cluster.connect().await;
-    client
-        .batch_execute("SELECT lease.create_queue('churn')")
-        .await
-        .expect("queue");
-    let traffic = cluster.connect().await;
-    traffic
-        .batch_execute("BEGIN; LOCK TABLE lease.job IN ACCESS SHARE MODE")
-        .await
-        .expect("a lock like any claim's");
+        "lease.vacuum_dead_rows = 0",
+    ])
+    .await;
+    let traffic = traffic(&cluster).await;
     for _ in 0..10 {
         churn_round(&client).await;
     }
     let autovacuums = "SELECT pg_stat_get_autovacuum_count('lease.job'::regclass)";
-    let mut phases = std::collections::BTreeSet::new();
-    let mut first_seen = None;
-    let start = Instant::now();
-    while scalar::<i64>(&client, autovacuums).await == 0
-        && start.elapsed() < Duration::from_secs(60)
-    {
-        let seen = client
-            .query(
-                "SELECT phase FROM pg_stat_progress_vacuum
-                  WHERE relid = 'lease.job'::regclass",
-                &[],
-            )
-            .await
-            .expect("vacuum progress");
-        if !seen.is_empty() {
-            first_seen.get_or_insert_with(Instant::now);
-        }
-        phases.extend(seen.iter().map(|r| r.get::<_, String>(0)));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let took = first_seen.map(|t| t.elapsed());
+    let (phases, took) = vacuum_phases_until(&client, autovacuums, Duration::from_secs(60)).await;
     assert!(
         scalar::<i64>(&client, autovacuums).await > 0,
         "autovacuum never came (phases seen: {phases:?})"
