@@ -75,7 +75,8 @@ impl Bench {
                 "16 pgbench clients, each transaction either `enqueue_batch` of 100 rows (while \
                  fewer than {BACKLOG} rows are pending; else a 1 ms wait) or a batch-50 claim + \
                  `release_batch` (equal weights), starting from {BACKLOG} pending rows; default \
-                 autovacuum settings (naptime 1 min), the reaper at its defaults (`lease.vacuum_dead_rows = 10000`). {ins} rows enqueued and {del} \
+                 autovacuum settings (naptime 1 min), the reaper at its defaults \
+                 (`lease.vacuum_dead_rows = 10000`). {ins} rows enqueued and {del} \
                  completed ({}/s each way). A live row takes {per_row:.0} bytes of table and \
                  indexes freshly loaded; \"× live\" is the size over that many bytes per live \
                  row. Vacuums: the reaper's (manual), autovacuum's.",

@@ -163,6 +163,11 @@ fn run() -> Res<()> {
             .await
             .map_err(|e| e.to_string())?
             .get(0);
+        let base = if args.smoke {
+            Size::smoke()
+        } else {
+            Size::full()
+        };
         let bench = Bench {
             conn,
             admin,
@@ -173,14 +178,9 @@ fn run() -> Res<()> {
                 db: TEST_DB.to_owned(),
                 scratch: scratch.clone(),
             },
-            size: {
-                let mut size = if args.smoke {
-                    Size::smoke()
-                } else {
-                    Size::full()
-                };
-                size.churn_seconds = args.churn_seconds.unwrap_or(size.churn_seconds);
-                size
+            size: Size {
+                churn_seconds: args.churn_seconds.unwrap_or(base.churn_seconds),
+                ..base
             },
         };
         let mut results = Results {
