@@ -1602,6 +1602,15 @@ SET search_path = pg_catalog, pg_temp
 -- batch 1). The generic plan was checked with EXPLAIN at 10^6 pending rows:
 -- index scan on job_ready, then primary-key lookups.
 SET plan_cache_mode = force_generic_plan
+-- A session keeps that plan until lease.job's statistics change, so it must
+-- not depend on them: planned while the table was small, or while its
+-- statistics counted no live rows, it read the whole backlog on every claim
+-- (a sequential scan for the primary-key lookup, or a bitmap scan of every
+-- pending row and a sort; tests/claim_plan.rs). The claim needs none of
+-- the three: only the ordered scan of job_ready and index lookups remain.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 DECLARE
     n constant integer := "limit";

@@ -1,0 +1,112 @@
+//! The claim's plan does not depend on what the statistics of `lease.job`
+//! said when a session first claimed.
+//!
+//! `lease.claim_pending` keeps one generic plan per session until
+//! `lease.job`'s statistics change. Found while profiling issue 15's batch-1
+//! drain: a plan made while the table was small, or while its statistics
+//! counted no live rows (a drained queue after a vacuum), read the whole
+//! backlog on every claim once a burst arrived — a sequential scan of the
+//! table for the primary-key lookup, or a bitmap scan of every pending row
+//! of `job_ready` and a sort. It lasted until the next ANALYZE or VACUUM of
+//! the table replanned it. A pgbench batch-1 drain of 40,000 rows ran at 45
+//! cycles/s (22 ms of CPU each) in such a session, 1,510 with the claim
+//! planned without those scans. Both tests failed on main at cbba6c2
+//! (391 heap blocks; 20,000 index entries). Autovacuum is off for the table
+//! in both, so that no ANALYZE replans the claim in between, as none does
+//! in the minute before autovacuum comes round.
+
+use pg_tests::{scalar, Cluster};
+use tokio_postgres::Client;
+
+/// Heap blocks of `lease.job`, and entries of `job_ready`, that one claim of
+/// a row of `default` reads; the claim is rolled back.
+async fn one_claim_reads(pg: &Client) -> (i64, i64) {
+    let reads = "SELECT pg_stat_get_xact_blocks_fetched('lease.job'::regclass),
+                        pg_stat_get_xact_tuples_returned('lease.job_ready'::regclass)";
+    pg.batch_execute("BEGIN").await.expect("begin");
+    let before = pg.query_one(reads, &[]).await.expect("reads before");
+    let claimed: i64 = scalar(
+        pg,
+        "SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'reader')",
+    )
+    .await;
+    let after = pg.query_one(reads, &[]).await.expect("reads after");
+    pg.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_eq!(claimed, 1, "the claim found a row");
+    let heap = after.get::<_, i64>(0) - before.get::<_, i64>(0);
+    let entries = after.get::<_, i64>(1) - before.get::<_, i64>(1);
+    (heap, entries)
+}
+
+/// A cluster whose `lease.job` is left alone by autovacuum.
+async fn cluster_without_autovacuum() -> (Cluster, Client) {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute("ALTER TABLE lease.job SET (autovacuum_enabled = off)")
+        .await
+        .expect("autovacuum off for lease.job");
+    (cluster, pg)
+}
+
+/// Enqueues `n` rows into `default`.
+async fn enqueue(pg: &Client, n: i32) {
+    pg.execute(
+        "SELECT lease.enqueue_batch('default', array_fill('{}'::jsonb, ARRAY[$1::int]))",
+        &[&n],
+    )
+    .await
+    .expect("enqueue");
+}
+
+/// Fails on main at cbba6c2: the claim read all 391 heap blocks. A worker
+/// that started on a small queue, then met a burst.
+#[tokio::test]
+async fn a_claim_planned_on_a_small_table_reads_little_of_a_large_one() {
+    let (_cluster, pg) = cluster_without_autovacuum().await;
+    enqueue(&pg, 10).await;
+    for _ in 0..7 {
+        pg.batch_execute(
+            "SELECT lease.release_batch(array_agg(id), 'w', array_agg(epoch))
+               FROM lease.claim_pending(1, '1 minute', 'w')",
+        )
+        .await
+        .expect("claim and release");
+    }
+    enqueue(&pg, 20_000).await;
+
+    let (heap, entries) = one_claim_reads(&pg).await;
+    assert!(
+        heap <= 10,
+        "a claim of one row read {heap} heap blocks ({entries} index entries)"
+    );
+}
+
+/// Fails on main at cbba6c2: the claim read all 20,000 pending entries of
+/// `job_ready` and sorted them. A queue analysed while full, drained and
+/// vacuumed (its statistics: no live rows), planned by a worker's empty
+/// claim, then a burst.
+#[tokio::test]
+async fn a_claim_planned_on_a_drained_queue_reads_little_of_a_burst() {
+    let (_cluster, pg) = cluster_without_autovacuum().await;
+    enqueue(&pg, 1_000).await;
+    for step in [
+        "ANALYZE lease.job",
+        "DELETE FROM lease.job",
+        "VACUUM lease.job",
+    ] {
+        pg.batch_execute(step).await.expect(step);
+    }
+    let found: i64 = scalar(
+        &pg,
+        "SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'w')",
+    )
+    .await;
+    assert_eq!(found, 0, "the drained queue is empty");
+    enqueue(&pg, 20_000).await;
+
+    let (heap, entries) = one_claim_reads(&pg).await;
+    assert!(
+        entries <= 10,
+        "a claim of one row read {entries} index entries ({heap} heap blocks)"
+    );
+}
