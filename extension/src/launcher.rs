@@ -59,16 +59,7 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
     log!("pg_lease launcher started (lists databases from \"{home}\")");
 
     let mut known = Known::default();
-    // Passes start every sweep_interval: the wait is what the last pass
-    // left of it, none if it overran. A whole interval after each pass
-    // spaced the vacuums of a churning lease.job 1.2–1.5 s apart instead
-    // of 1 s, and its dead rows grew with the gap (benches/README.md,
-    // "Health").
-    let mut pass_started = Instant::now();
-    while BackgroundWorker::wait_latch(Some(
-        settings::sweep_interval().saturating_sub(pass_started.elapsed()),
-    )) {
-        pass_started = Instant::now();
+    while BackgroundWorker::wait_latch(Some(settings::sweep_interval())) {
         if BackgroundWorker::sighup_received() {
             // The flag alone reloads nothing.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };

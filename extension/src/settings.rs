@@ -12,8 +12,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 /// `lease.reaper_enabled`: whether the launcher sweeps at all.
 pub static REAPER_ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 
-/// `lease.sweep_interval` (ms): how often a pass over all databases starts
-/// (at once after a pass that took longer).
+/// `lease.sweep_interval` (ms): pause between two passes over all databases.
 /// With the default, an expired lease is recovered about one second after
 /// its expiry.
 pub static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
@@ -58,7 +57,7 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"lease.sweep_interval",
-        c"How often the reaper starts a pass over all databases.",
+        c"Pause between two reaper passes over all databases.",
         c"Expired leases are recovered within about this long after they expire.",
         &SWEEP_INTERVAL_MS,
         10,
