@@ -14,31 +14,9 @@
 //! `_lower_head` removed, the claims' raise or its transaction test
 //! removed) and failed.
 
+use pg_tests::claims::{claim_and_release, claim_reads};
 use pg_tests::{scalar, sqlstate, Cluster};
 use tokio_postgres::Client;
-
-/// Index blocks of `job_ready` and heap blocks of `lease.job` that one
-/// claim of `n` rows of `queue` reads; the claim is rolled back.
-async fn claim_reads(pg: &Client, queue: &str, n: i32) -> (i64, i64) {
-    let blocks = "SELECT pg_stat_get_xact_blocks_fetched('lease.job_ready'::regclass),
-                         pg_stat_get_xact_blocks_fetched('lease.job'::regclass)";
-    pg.batch_execute("BEGIN").await.expect("begin");
-    let before = pg.query_one(blocks, &[]).await.expect("blocks before");
-    let claimed: i64 = pg
-        .query_one(
-            "SELECT count(*) FROM lease.claim_pending($1, '1 minute', 'reader', $2)",
-            &[&n, &queue],
-        )
-        .await
-        .expect("claim")
-        .get(0);
-    let after = pg.query_one(blocks, &[]).await.expect("blocks after");
-    pg.batch_execute("ROLLBACK").await.expect("rollback");
-    assert_eq!(claimed, i64::from(n), "the claim found rows");
-    let (b0, b1): (i64, i64) = (before.get(0), before.get(1));
-    let (a0, a1): (i64, i64) = (after.get(0), after.get(1));
-    (a0 - b0, a1 - b1)
-}
 
 /// Claims one row of `queue` as owner `w` and returns its `(id, epoch)`,
 /// or `None` if none was claimable.
@@ -123,20 +101,15 @@ async fn a_claim_reads_nothing_that_was_drained_under_a_held_snapshot() {
     )
     .await
     .expect("enqueue");
-    for _ in 0..38 {
-        pg.batch_execute(
-            "SELECT lease.release_batch(array_agg(id), 'w', array_agg(epoch))
-               FROM lease.claim_pending(500, '1 minute', 'w')",
-        )
-        .await
-        .expect("drain");
-    }
+    claim_and_release(&pg, 500, 38).await;
     sweep(&pg).await;
 
-    let (index_blocks, heap_blocks) = claim_reads(&pg, "default", 10).await;
+    let reads = claim_reads(&pg, "default", 10).await;
     assert!(
-        index_blocks <= 5,
-        "a claim of 10 read {index_blocks} index blocks (and {heap_blocks} heap blocks)"
+        reads.index_blocks <= 5,
+        "a claim of 10 read {} index blocks (and {} heap blocks)",
+        reads.index_blocks,
+        reads.heap_blocks
     );
     // The snapshot was held throughout: nothing could be cleaned up.
     let held: i64 = scalar(&pinned, "SELECT count(*) FROM lease.job").await;

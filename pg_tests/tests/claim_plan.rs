@@ -15,29 +15,17 @@
 //! in both, so that no ANALYZE replans the claim in between, as none does
 //! in the minute before autovacuum comes round.
 
+use pg_tests::claims::{claim_and_release, claim_reads};
 use pg_tests::{scalar, Cluster};
 use tokio_postgres::Client;
 
 /// Asserts that one claim of a row of `default` reads at most 10 heap blocks
-/// of `lease.job` and 10 entries of `job_ready`; the claim is rolled back.
+/// of `lease.job` and 10 entries of `job_ready`.
 async fn a_claim_reads_little(pg: &Client) {
-    let reads = "SELECT pg_stat_get_xact_blocks_fetched('lease.job'::regclass),
-                        pg_stat_get_xact_tuples_returned('lease.job_ready'::regclass)";
-    pg.batch_execute("BEGIN").await.expect("begin");
-    let before = pg.query_one(reads, &[]).await.expect("reads before");
-    let claimed: i64 = scalar(
-        pg,
-        "SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'reader')",
-    )
-    .await;
-    let after = pg.query_one(reads, &[]).await.expect("reads after");
-    pg.batch_execute("ROLLBACK").await.expect("rollback");
-    assert_eq!(claimed, 1, "the claim found a row");
-    let heap = after.get::<_, i64>(0) - before.get::<_, i64>(0);
-    let entries = after.get::<_, i64>(1) - before.get::<_, i64>(1);
+    let reads = claim_reads(pg, "default", 1).await;
     assert!(
-        heap <= 10 && entries <= 10,
-        "a claim of one row read {heap} heap blocks and {entries} index entries"
+        reads.heap_blocks <= 10 && reads.index_entries <= 10,
+        "a claim of one row read {reads:?}"
     );
 }
 
@@ -67,14 +55,7 @@ async fn enqueue(pg: &Client, n: i32) {
 async fn a_claim_planned_on_a_small_table_reads_little_of_a_large_one() {
     let (_cluster, pg) = cluster_without_autovacuum().await;
     enqueue(&pg, 10).await;
-    for _ in 0..7 {
-        pg.batch_execute(
-            "SELECT lease.release_batch(array_agg(id), 'w', array_agg(epoch))
-               FROM lease.claim_pending(1, '1 minute', 'w')",
-        )
-        .await
-        .expect("claim and release");
-    }
+    claim_and_release(&pg, 1, 7).await;
     enqueue(&pg, 20_000).await;
 
     a_claim_reads_little(&pg).await;
