@@ -149,7 +149,10 @@ BEGIN
            AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
         RETURNING j.queue, j.concurrency_key INTO q, ck;
         IF q IS NOT NULL THEN
-            PERFORM lease._count(q, done => 1);
+            -- lease._count's upsert, written out (see lease.claim_pending).
+            INSERT INTO lease.counter AS c (queue, backend, done)
+            VALUES (q, pg_backend_pid(), 1)
+                ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE SET done = c.done + 1;
             IF ck IS NOT NULL THEN
                 PERFORM lease._free_slots(q, ARRAY[ck]);
             END IF;
