@@ -7,14 +7,16 @@
 //! with per-key concurrency, enqueue, renew
 //! and its HOT share, the Rust client, its `Worker` (beside the
 //! hand-written SQL on the same rows), claim latency vs
-//! backlog, the cost of a metrics poll, a pinned xmin, sustained churn, and a concurrency sweep. Prints
+//! backlog, the cost of a metrics poll, a pinned xmin, sustained churn, a concurrency sweep, and
+//! instructions per job counted by callgrind. Prints
 //! a Markdown report and writes it, with a plot, to `benches/results/`
 //! (`benches/results/smoke/` with `--smoke`).
 //!
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, reaper, sweep
+//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, reaper, sweep,
+//!           instructions
 //! ```
 //!
 //! The extension must be installed into the PostgreSQL 15 that
@@ -22,6 +24,7 @@
 
 mod churn;
 mod cpu;
+mod instructions;
 mod keys;
 mod metrics;
 mod pgbench;
@@ -41,8 +44,19 @@ use crate::report::Results;
 use crate::scenarios::{connect, Bench, Res, Size};
 
 const SECTIONS: &[&str] = &[
-    "claim", "keys", "enqueue", "renew", "client", "worker", "latency", "metrics", "pinned",
-    "churn", "reaper", "sweep",
+    "claim",
+    "keys",
+    "enqueue",
+    "renew",
+    "client",
+    "worker",
+    "latency",
+    "metrics",
+    "pinned",
+    "churn",
+    "reaper",
+    "sweep",
+    "instructions",
 ];
 
 struct Args {
@@ -207,6 +221,7 @@ fn run() -> Res<()> {
                 "churn" => bench.churn(&mut results).await?,
                 "reaper" => bench.reaper(&mut results).await?,
                 "sweep" => bench.sweep(&mut results).await?,
+                "instructions" => bench.instructions(&mut results).await?,
                 _ => {}
             }
             eprintln!(

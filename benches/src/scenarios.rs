@@ -53,6 +53,8 @@ pub struct Size {
     pub idle_databases: u32,
     /// Seconds of each of its quiet windows.
     pub idle_seconds: u64,
+    /// Cycles of the longer of the instructions section's two runs.
+    pub instruction_cycles: u64,
 }
 
 impl Size {
@@ -72,6 +74,7 @@ impl Size {
             deadline: Duration::from_secs(180),
             idle_databases: 100,
             idle_seconds: 30,
+            instruction_cycles: 400,
         }
     }
 
@@ -91,6 +94,7 @@ impl Size {
             deadline: Duration::from_secs(60),
             idle_databases: 4,
             idle_seconds: 2,
+            instruction_cycles: 8,
         }
     }
 }
@@ -105,7 +109,7 @@ pub enum Side {
 }
 
 impl Side {
-    fn script(self, batch: u32) -> &'static str {
+    pub(crate) fn script(self, batch: u32) -> &'static str {
         match (self, batch) {
             (Side::Lease, 1) => "lease_b1.sql",
             (Side::Lease, _) => "lease_b50.sql",

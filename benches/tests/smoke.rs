@@ -33,6 +33,7 @@ fn smoke_run_measures_every_scenario() {
         "Per-key concurrency",
         "Reaper cost in idle databases",
         "Concurrency sweep",
+        "Instructions per job (callgrind)",
     ] {
         assert!(
             report.contains(heading),

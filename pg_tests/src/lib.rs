@@ -313,6 +313,24 @@ impl Cluster {
         }
     }
 
+    /// Restarts the server (fast shutdown) with `program` started in place
+    /// of the `postgres` binary (`pg_ctl -p`), e.g. a script that runs
+    /// postgres under valgrind; it gets postgres's arguments and must exec
+    /// it. Port and data directory stay. Blocks until the server accepts
+    /// connections.
+    pub fn restart_under(&self, program: &Path) -> Result<(), String> {
+        let mut cmd = self.pg_command("pg_ctl");
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .arg("-l")
+            .arg(self.log_path())
+            .arg("-p")
+            .arg(program)
+            .args(["-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS])
+            .arg("restart");
+        run(&mut cmd, "pg_ctl restart").map(drop)
+    }
+
     /// Starts a streaming standby of `primary`: a `pg_basebackup -R` copy
     /// (so it has [`TEST_DB`] and the extension) in its own data directory,
     /// on its own port, with `config.extra_conf` appended to its
