@@ -112,7 +112,8 @@ BEGIN
         -- New leases: the reaper has work here once they may expire.
         PERFORM lease._reaper_touch();
         -- lease._count's upsert, written out: on the batch-1 path calling
-        -- _count cost as much as its upsert (benches/README, Instructions).
+        -- _count cost as much as its upsert (benches/README: batch 1, the
+        -- callgrind table).
         INSERT INTO lease.counter AS c (queue, backend, claimed, pending)
         VALUES (q, pg_backend_pid(), got, -got)
             ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE

@@ -1703,7 +1703,8 @@ BEGIN
         -- New leases: the reaper has work here once they may expire.
         PERFORM lease._reaper_touch();
         -- lease._count's upsert, written out: on the batch-1 path calling
-        -- _count cost as much as its upsert (benches/README, Instructions).
+        -- _count cost as much as its upsert (benches/README: batch 1, the
+        -- callgrind table).
         INSERT INTO lease.counter AS c (queue, backend, claimed, pending)
         VALUES (q, pg_backend_pid(), got, -got)
             ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE
@@ -2760,7 +2761,7 @@ LANGUAGE plpgsql VOLATILE
 -- No SET search_path: only lease's SECURITY DEFINER functions call it, with
 -- theirs already set, and not being SECURITY DEFINER it can do nothing its
 -- caller could not. A SET here cost each call ~20,000 instructions (two
--- search-path switches; benches/README, Instructions).
+-- search-path switches; benches/README: batch 1, the callgrind table).
 AS $$
 BEGIN
     INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)
