@@ -82,6 +82,15 @@ impl Bench {
     /// `cluster` set up like the benchmark's and restarted under callgrind,
     /// with a [`Bench`] of its own.
     async fn counting(&self, cluster: &Cluster) -> Res<Counting> {
+        // Said here, not as a server that fails to start under a missing wrapper.
+        let valgrind = std::process::Command::new("valgrind")
+            .arg("--version")
+            .output();
+        if !valgrind.is_ok_and(|out| out.status.success()) {
+            return Err("valgrind not found: the instructions section needs it \
+                        (bin/prereqs installs it)"
+                .to_owned());
+        }
         let dir = cluster.data_dir().join("callgrind");
         std::fs::create_dir(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
         // The server's OS user writes the counts and runs the wrapper.
