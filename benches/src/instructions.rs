@@ -113,12 +113,7 @@ impl Bench {
 
         let conn = cluster.conn_string(TEST_DB);
         let admin = connect(&conn).await?;
-        let setup = std::fs::read_to_string(self.pgbench.scripts.join("setup.sql"))
-            .map_err(|e| format!("read setup.sql: {e}"))?;
-        admin
-            .batch_execute(&setup)
-            .await
-            .map_err(|e| format!("setup.sql: {}", pg(e)))?;
+        Bench::create_tables(&admin, &self.pgbench.scripts).await?;
         // One statement per call: ALTER SYSTEM refuses a transaction block.
         for sql in [
             "ALTER SYSTEM SET autovacuum = off",

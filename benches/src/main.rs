@@ -166,12 +166,7 @@ fn run() -> Res<()> {
     let result = runtime.block_on(async {
         let conn = cluster.conn_string(TEST_DB);
         let admin = connect(&conn).await?;
-        let setup_sql = std::fs::read_to_string(bench_dir.join("pgbench/setup.sql"))
-            .map_err(|e| format!("read pgbench/setup.sql: {e}"))?;
-        admin
-            .batch_execute(&setup_sql)
-            .await
-            .map_err(|e| format!("setup.sql: {e}"))?;
+        Bench::create_tables(&admin, &bench_dir.join("pgbench")).await?;
         let version: String = admin
             .query_one("SHOW server_version", &[])
             .await

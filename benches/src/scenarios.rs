@@ -1,6 +1,7 @@
 //! The measurements. Each one resets the tables it uses, fills them, then
 //! times the work; every drain checks that the rows really left.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use pg_lease_client::{Client, FencingToken, Outcome};
@@ -186,6 +187,18 @@ impl Bench {
             .await
             .map_err(|e| format!("{sql}: {}", pg(e)))?;
         Ok(row.get(0))
+    }
+
+    /// Creates the hand-written baseline's and the ceiling's tables and the
+    /// queue `q` (`pgbench/setup.sql`).
+    pub(crate) async fn create_tables(admin: &tokio_postgres::Client, scripts: &Path) -> Res<()> {
+        let path = scripts.join("setup.sql");
+        let sql =
+            std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+        admin
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| format!("setup.sql: {}", pg(e)))
     }
 
     /// Empties both job tables (TRUNCATE: each scenario starts unbloated).

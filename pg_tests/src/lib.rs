@@ -298,14 +298,7 @@ impl Cluster {
     /// stay valid; the log is appended to. Blocks until the server accepts
     /// connections again; panics with a clear message on failure.
     pub fn restart_immediate(&self) {
-        let mut cmd = self.pg_command("pg_ctl");
-        cmd.arg("-D")
-            .arg(&self.data_dir)
-            .arg("-l")
-            .arg(self.log_path())
-            .args(["-m", "immediate", "-w", "-t", PG_CTL_TIMEOUT_SECS])
-            .arg("restart");
-        if let Err(err) = run(&mut cmd, "pg_ctl restart") {
+        if let Err(err) = self.restart("immediate", None) {
             panic!(
                 "pg_tests: could not restart the server on port {}: {err}",
                 self.port
@@ -319,14 +312,21 @@ impl Cluster {
     /// it. Port and data directory stay. Blocks until the server accepts
     /// connections.
     pub fn restart_under(&self, program: &Path) -> Result<(), String> {
+        self.restart("fast", Some(program))
+    }
+
+    /// `pg_ctl restart` with shutdown `mode`, and `program` in place of the
+    /// postgres binary if given; waits until the server is up.
+    fn restart(&self, mode: &str, program: Option<&Path>) -> Result<(), String> {
         let mut cmd = self.pg_command("pg_ctl");
         cmd.arg("-D")
             .arg(&self.data_dir)
             .arg("-l")
-            .arg(self.log_path())
-            .arg("-p")
-            .arg(program)
-            .args(["-m", "fast", "-w", "-t", PG_CTL_TIMEOUT_SECS])
+            .arg(self.log_path());
+        if let Some(program) = program {
+            cmd.arg("-p").arg(program);
+        }
+        cmd.args(["-m", mode, "-w", "-t", PG_CTL_TIMEOUT_SECS])
             .arg("restart");
         run(&mut cmd, "pg_ctl restart").map(drop)
     }
