@@ -3203,7 +3203,7 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER pg_lease_outcome AFTER UPDATE OF state ON lease.job
+CREATE TRIGGER pg_lease_outcome AFTER UPDATE OF finished_at ON lease.job
 FOR EACH ROW
 WHEN (NEW.state IN ('dead', 'cancelled') AND OLD.state IS DISTINCT FROM NEW.state AND NEW.key IS NOT NULL)
 EXECUTE FUNCTION lease._job_finished();

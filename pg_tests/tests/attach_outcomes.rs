@@ -179,6 +179,42 @@ async fn dead_letters_and_cancels_are_written_back_to_the_table() {
     );
 }
 
+/// Claims and renewals never reach the outcome trigger, so PostgreSQL skips
+/// it without preparing its WHEN (which it does once per statement that may
+/// fire the trigger: ~32,000 instructions on every claim, benches/README:
+/// batch 1). The trigger is limited to `UPDATE OF finished_at`, which none
+/// of them sets; the test above walks every path that does.
+///
+/// Failed before this change: the trigger was `UPDATE OF state`, which
+/// every claim sets.
+#[tokio::test]
+async fn claims_and_renewals_do_not_reach_the_outcome_trigger() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    let columns: Vec<String> = scalar(
+        &pg,
+        "SELECT array_agg(a.attname::text ORDER BY a.attnum)
+           FROM pg_trigger t
+           JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = ANY (t.tgattr)
+          WHERE t.tgrelid = 'lease.job'::regclass AND t.tgname = 'pg_lease_outcome'",
+    )
+    .await;
+    assert_eq!(columns, ["finished_at"], "the trigger's UPDATE OF list");
+    let setting_it: Vec<String> = scalar(
+        &pg,
+        "SELECT coalesce(array_agg(p.proname::text ORDER BY p.proname), '{}')
+           FROM pg_proc p
+          WHERE p.pronamespace = 'lease'::regnamespace
+            AND p.proname IN ('claim_pending', 'reclaim_own', 'renew', 'renew_batch')
+            AND p.prosrc LIKE '%finished_at%'",
+    )
+    .await;
+    assert!(
+        setting_it.is_empty(),
+        "claim or renewal functions that set finished_at: {setting_it:?}"
+    );
+}
+
 /// The holder dead-letters a row while an acknowledgement consumer, which
 /// already holds the table row, moves it on: the holder's release waits
 /// for the table row, finds the lease gone and reports it lost. 10 rounds,
