@@ -455,14 +455,14 @@ RETURN CASE
     -- An attached row is done when its domain row stops matching (the
     -- trigger then removes it). Released as done while it still matches,
     -- it would be neither claimable nor visible: a dead letter says so.
-    WHEN outcome = 'done' AND attached THEN 'dead'
-    WHEN outcome = 'done' THEN 'done'
-    WHEN outcome = 'fail' THEN 'dead'
+    WHEN outcome = 'done' AND attached THEN 'dead'::lease.job_state
+    WHEN outcome = 'done' THEN 'done'::lease.job_state
+    WHEN outcome = 'fail' THEN 'dead'::lease.job_state
     -- Cancel intent wins over every way back to pending.
-    WHEN cancel_requested THEN 'cancelled'
-    WHEN outcome = 'retry' AND attempt >= max_attempts THEN 'dead'
-    ELSE 'pending'
-END::lease.job_state;
+    WHEN cancel_requested THEN 'cancelled'::lease.job_state
+    WHEN outcome = 'retry' AND attempt >= max_attempts THEN 'dead'::lease.job_state
+    ELSE 'pending'::lease.job_state
+END;
 
 COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer, boolean) IS
     'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag, attempts and whether its queue is an attached table''s.';
