@@ -14,7 +14,9 @@
 //! quarter of `instruction_cycles` and then for all of them, each from
 //! freshly enqueued and analysed rows; the difference between the two
 //! backends' counts, over the difference in cycles, leaves out connection
-//! set-up and first-use catalog reads.
+//! set-up and first-use catalog reads. pg_lease is counted twice: as
+//! benchmarked elsewhere (done rows deleted) and with its queue keeping done
+//! rows, where a completion is an UPDATE.
 //!
 //! Under callgrind a backend runs some 50 times slower, so what is rationed
 //! by time happens more often per job: a claim raises its queue's head at
@@ -48,7 +50,10 @@ impl Bench {
                  valgrind's callgrind (autovacuum and the reaper off). Not timed: the \
                  count does not change with the machine's load. pg_lease's batch 1 \
                  includes a head raise on most claims (~0.1M instructions), which runs \
-                 at most every 50 ms and is rare at full speed.",
+                 at most every 50 ms and is rare at full speed. \"Done rows kept\": \
+                 the same with the queue's retention at an hour, so that a completion \
+                 marks its row done (an UPDATE) instead of deleting it (issue 15, item \
+                 2).",
                 self.size.instruction_cycles,
                 self.size.instruction_cycles / 4,
             ),
@@ -57,10 +62,13 @@ impl Bench {
                 "pg_lease",
                 "hand-written",
                 "pg_lease / hand-written",
+                "pg_lease, done rows kept",
+                "kept / deleted",
             ],
         );
         for batch in [1u32, 50] {
             let lease = counted.per_job(Side::Lease, batch).await?;
+            let kept = counted.keeping_done_rows(batch).await?;
             let hand = counted.per_job(Side::Hand, batch).await?;
             let key = if batch == 1 {
                 "instr_ratio_b1"
@@ -73,6 +81,8 @@ impl Bench {
                 format!("{lease:.0}"),
                 format!("{hand:.0}"),
                 ratio(lease / hand),
+                format!("{kept:.0}"),
+                ratio(kept / lease),
             ]);
         }
         out.tables.push(t);
@@ -151,6 +161,19 @@ impl Counting {
         let few = self.backend(side, batch, short).await?;
         let many = self.backend(side, batch, long).await?;
         Ok((many - few) as f64 / ((long - short) * u64::from(batch)) as f64)
+    }
+
+    /// Instructions per job of pg_lease at `batch` with queue `q` keeping
+    /// its done rows for an hour: completions mark rows done instead of
+    /// deleting them. The queue's policy is put back afterwards.
+    async fn keeping_done_rows(&self, batch: u32) -> Res<f64> {
+        let policy = |retention: &str| {
+            format!("SELECT lease.create_queue('q', retention => interval '{retention}')")
+        };
+        self.bench.exec(&policy("1 hour")).await?;
+        let counted = self.per_job(Side::Lease, batch).await;
+        self.bench.exec(&policy("0")).await?;
+        counted
     }
 
     /// The instructions of one pgbench client's backend over `cycles`
