@@ -34,6 +34,13 @@ pub static SWEEP_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// 0 leaves it to autovacuum.
 pub static VACUUM_DEAD_ROWS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 
+/// `lease.vacuum_interval` (ms): how soon the launcher comes back to a
+/// database whose `lease.job` it vacuumed within the last
+/// `lease.sweep_interval` ([`crate::launcher`]). Under churn a table holds
+/// about one vacuum cycle's dead rows, so this, not the sweep interval, sets
+/// its size.
+pub static VACUUM_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(200);
+
 /// `lease.database`: where the launcher connects to list databases. It
 /// stays connected, so that database cannot be dropped while the server
 /// runs with pg_lease preloaded.
@@ -95,6 +102,16 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"lease.vacuum_interval",
+        c"Pause before the reaper looks again at a database whose lease.job it has just vacuumed.",
+        c"Applies while that database was vacuumed within the last lease.sweep_interval; a busy queue holds about one such interval's dead rows.",
+        &VACUUM_INTERVAL_MS,
+        10,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     GucRegistry::define_string_guc(
         c"lease.database",
         c"Database the pg_lease launcher connects to in order to list databases.",
@@ -109,6 +126,11 @@ pub fn define() {
 /// The current `lease.sweep_interval`.
 pub fn sweep_interval() -> Duration {
     Duration::from_millis(u64::try_from(SWEEP_INTERVAL_MS.get()).unwrap_or(1000))
+}
+
+/// The current `lease.vacuum_interval`.
+pub fn vacuum_interval() -> Duration {
+    Duration::from_millis(u64::try_from(VACUUM_INTERVAL_MS.get()).unwrap_or(200))
 }
 
 /// The current `lease.discovery_interval`.

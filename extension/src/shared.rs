@@ -16,10 +16,12 @@
 //! do nothing and report nothing.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PgAtomic};
+
+use crate::vacuum::Mark;
 
 /// Set by `_PG_init` while preloading; forked backends inherit it, so it
 /// tells every process whether the shared state below exists.
@@ -39,10 +41,14 @@ static NEXT_DUE: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease next du
 static VACUUM_HORIZON: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease vacuum horizon") };
 const NOT_VACUUMED: u64 = u64::MAX;
 
+/// The rest of that vacuum's [`Mark`]: the counters' moved rows. Written
+/// before the horizon, read after it.
+static VACUUM_MOVED: PgAtomic<AtomicI64> = unsafe { PgAtomic::new(c"pg_lease vacuum moved") };
+
 /// Bit `oid % TOUCH_BITS` is set when a transaction of that database that
 /// may have created work for the reaper commits. Collisions only cost an
 /// extra sweep.
-const TOUCH_WORDS: usize = 16;
+pub const TOUCH_WORDS: usize = 16;
 const TOUCH_BITS: u32 = 64 * TOUCH_WORDS as u32;
 static TOUCHED: PgAtomic<[AtomicU64; TOUCH_WORDS]> = unsafe { PgAtomic::new(c"pg_lease touched") };
 
@@ -72,6 +78,7 @@ pub fn init() {
     pg_shmem_init!(VERDICT = AtomicU64::new(0));
     pg_shmem_init!(NEXT_DUE = AtomicU64::new(0));
     pg_shmem_init!(VACUUM_HORIZON = AtomicU64::new(NOT_VACUUMED));
+    pg_shmem_init!(VACUUM_MOVED = AtomicI64::new(0));
     pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
@@ -116,23 +123,27 @@ pub fn next_due() -> Option<u64> {
     }
 }
 
-/// Sweeper side: it vacuumed `lease.job` at removal horizon `horizon`.
-pub fn report_vacuumed(horizon: u32) {
+/// Sweeper side: it vacuumed `lease.job` at `mark`.
+pub fn report_vacuumed(mark: Mark) {
     if preloaded() {
+        VACUUM_MOVED.get().store(mark.moved, Ordering::Release);
         VACUUM_HORIZON
             .get()
-            .store(u64::from(horizon), Ordering::Release);
+            .store(u64::from(mark.horizon), Ordering::Release);
     }
 }
 
-/// Launcher side, after the sweeper exited: the horizon it vacuumed at, if
-/// it vacuumed.
-pub fn take_vacuumed() -> Option<u32> {
+/// Launcher side, after the sweeper exited: the mark it vacuumed at, if it
+/// vacuumed.
+pub fn take_vacuumed() -> Option<Mark> {
     if !preloaded() {
         return None;
     }
     let horizon = VACUUM_HORIZON.get().swap(NOT_VACUUMED, Ordering::AcqRel);
-    u32::try_from(horizon).ok()
+    let moved = VACUUM_MOVED.get().load(Ordering::Acquire);
+    u32::try_from(horizon)
+        .ok()
+        .map(|horizon| Mark { horizon, moved })
 }
 
 /// Launcher side, once per pass: which databases were touched since the

@@ -11,15 +11,15 @@ use crate::{settings, vacuum};
 pub const SWEEPER_TYPE: &str = "pg_lease sweeper";
 
 /// Starts a sweeper for database `oid` and waits until it is done. Called by
-/// the launcher, one database at a time; `vacuum_horizon` is the removal
-/// horizon the last vacuum of its `lease.job` ran at ([`vacuum::due`]).
-pub fn sweep(oid: pg_sys::Oid, name: &str, vacuum_horizon: u32) {
+/// the launcher, one database at a time; `vacuumed` is where the last
+/// vacuum of its `lease.job` ran ([`vacuum::due`]).
+pub fn sweep(oid: pg_sys::Oid, name: &str, vacuumed: vacuum::Mark) {
     let started = BackgroundWorkerBuilder::new(&format!("{SWEEPER_TYPE} {name}"))
         .set_type(SWEEPER_TYPE)
         .set_library("pg_lease")
         .set_function("pg_lease_sweeper_main")
         .set_argument(oid.into_datum())
-        .set_extra(&vacuum_horizon.to_string())
+        .set_extra(&vacuumed.encode())
         .enable_spi_access()
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic();
@@ -65,13 +65,13 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
         }
     }
     // Last, so that a vacuum that fails cannot cost the sweep its verdict.
-    let horizon_before = BackgroundWorker::get_extra().parse().unwrap_or(0);
+    let before = vacuum::Mark::decode(BackgroundWorker::get_extra());
     if BackgroundWorker::sigterm_received() {
         return;
     }
-    if let Some(horizon) = vacuum::due(horizon_before) {
+    if let Some(mark) = vacuum::due(before) {
         vacuum::run();
-        shared::report_vacuumed(horizon);
+        shared::report_vacuumed(mark);
     }
 }
 
