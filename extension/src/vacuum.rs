@@ -132,7 +132,14 @@ pub fn due(before: Mark) -> Option<Mark> {
         };
         let over = |dead: i64| dead >= live.saturating_add(i64::from(threshold));
         let moved = moved.unwrap_or(0);
-        let piled_up = dead.is_some_and(over) || over(moved.saturating_sub(before.moved));
+        // Fewer than at the mark: a queue was dropped with its counters, so
+        // count from zero rather than wait for the old total to come back.
+        let since = if moved < before.moved {
+            moved
+        } else {
+            moved - before.moved
+        };
+        let piled_up = dead.is_some_and(over) || over(since);
         Ok::<_, pgrx::spi::Error>(piled_up.then(|| Mark {
             horizon: horizon(table),
             moved,
