@@ -33,6 +33,7 @@ use std::ptr;
 
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 use pgrx::PgList;
 
 use crate::settings;
@@ -94,55 +95,21 @@ pub fn due(before: Mark) -> Option<Mark> {
         return None;
     }
     let decided = BackgroundWorker::transaction(|| {
-        let (dead, live, table, moved) = Spi::connect_mut(|client| {
-            client.update("SET LOCAL search_path = pg_catalog, pg_temp", None, &[])?;
-            let row = client
-                .select(
-                    "SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), pg_catalog.pg_stat_get_live_tuples(c.oid),
-                            c.oid, pg_catalog.to_regclass('lease.counter') IS NOT NULL
-                       FROM pg_catalog.pg_class c
-                      WHERE c.oid OPERATOR(pg_catalog.=) 'lease.job'::pg_catalog.regclass",
-                    None,
-                    &[],
-                )?
-                .first();
-            let (dead, live, table) = row.get_three::<i64, i64, pg_sys::Oid>()?;
-            // lease.counter came with 0.2.0; without it, the statistics
-            // decide. Reading it as the bootstrap superuser runs nobody's
-            // code: only a superuser can install pg_lease (not trusted), so
-            // its schema and this plain table are theirs.
-            let moved = if row.get::<bool>(4)? == Some(true) {
-                client
-                    .select(
-                        "SELECT pg_catalog.sum(claimed OPERATOR(pg_catalog.+) done OPERATOR(pg_catalog.+) retried
-                                               OPERATOR(pg_catalog.+) died OPERATOR(pg_catalog.+) cancelled)::pg_catalog.int8
-                           FROM lease.counter",
-                        None,
-                        &[],
-                    )?
-                    .first()
-                    .get_one::<i64>()?
-            } else {
-                None
-            };
-            Ok::<_, pgrx::spi::Error>((dead, live, table, moved))
-        })?;
-        let (Some(live), Some(table)) = (live, table) else {
+        let Some(now) = Spi::connect_mut(counts)? else {
             return Ok(None);
         };
-        let over = |dead: i64| dead >= live.saturating_add(i64::from(threshold));
-        let moved = moved.unwrap_or(0);
+        let over = |rows: i64| rows >= now.live.saturating_add(i64::from(threshold));
         // Fewer than at the mark: a queue was dropped with its counters, so
         // count from zero rather than wait for the old total to come back.
-        let since = if moved < before.moved {
-            moved
+        let since = if now.moved < before.moved {
+            now.moved
         } else {
-            moved - before.moved
+            now.moved - before.moved
         };
-        let piled_up = dead.is_some_and(over) || over(since);
+        let piled_up = now.dead.is_some_and(over) || over(since);
         Ok::<_, pgrx::spi::Error>(piled_up.then(|| Mark {
-            horizon: horizon(table),
-            moved,
+            horizon: horizon(now.table),
+            moved: now.moved,
         }))
     });
     match decided {
@@ -152,6 +119,61 @@ pub fn due(before: Mark) -> Option<Mark> {
             None
         }
     }
+}
+
+/// What [`due`] decides on.
+struct Counts {
+    /// `lease.job`'s oid.
+    table: pg_sys::Oid,
+    /// Its dead rows, as the statistics have them.
+    dead: Option<i64>,
+    /// Its live rows, as the statistics have them.
+    live: i64,
+    /// [`Mark::moved`] now; 0 without `lease.counter`.
+    moved: i64,
+}
+
+/// Reads [`Counts`]; `None` if `lease.job`'s statistics are missing.
+fn counts(client: &mut SpiClient<'_>) -> Result<Option<Counts>, pgrx::spi::Error> {
+    client.update("SET LOCAL search_path = pg_catalog, pg_temp", None, &[])?;
+    let row = client
+        .select(
+            "SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), pg_catalog.pg_stat_get_live_tuples(c.oid),
+                    c.oid, pg_catalog.to_regclass('lease.counter') IS NOT NULL
+               FROM pg_catalog.pg_class c
+              WHERE c.oid OPERATOR(pg_catalog.=) 'lease.job'::pg_catalog.regclass",
+            None,
+            &[],
+        )?
+        .first();
+    let (dead, live, table) = row.get_three::<i64, i64, pg_sys::Oid>()?;
+    let (Some(live), Some(table)) = (live, table) else {
+        return Ok(None);
+    };
+    // lease.counter came with 0.2.0; without it, the statistics decide.
+    // Reading it as the bootstrap superuser runs nobody's code: only a
+    // superuser can install pg_lease (not trusted), so its schema and this
+    // plain table are theirs.
+    let moved = if row.get::<bool>(4)? == Some(true) {
+        client
+            .select(
+                "SELECT pg_catalog.sum(claimed OPERATOR(pg_catalog.+) done OPERATOR(pg_catalog.+) retried
+                                       OPERATOR(pg_catalog.+) died OPERATOR(pg_catalog.+) cancelled)::pg_catalog.int8
+                   FROM lease.counter",
+                None,
+                &[],
+            )?
+            .first()
+            .get_one::<i64>()?
+    } else {
+        None
+    };
+    Ok(Some(Counts {
+        table,
+        dead,
+        live,
+        moved: moved.unwrap_or(0),
+    }))
 }
 
 /// The oldest transaction id whose effects a vacuum of `table` must keep
