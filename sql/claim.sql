@@ -109,8 +109,9 @@ BEGIN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease.checked_queue(q);
     ELSE
-        -- New leases: the reaper has work here once they may expire.
-        PERFORM lease._reaper_touch();
+        -- New leases: the reaper has work here once they may expire, and
+        -- their rows count towards waking it for a vacuum.
+        PERFORM lease._reaper_touch(got);
         -- lease._count's upsert, written out: on the batch-1 path calling
         -- _count cost as much as its upsert (benches/README: batch 1, the
         -- callgrind table).
@@ -179,7 +180,7 @@ BEGIN
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
     RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
     GET DIAGNOSTICS got = ROW_COUNT;
-    PERFORM lease._reaper_touch();
+    PERFORM lease._reaper_touch(got);
     IF got > 0 THEN
         PERFORM lease._count(q, claimed => got);
     END IF;

@@ -94,7 +94,7 @@ $$;
 
 -- The reaper's shared memory does not exist: nothing to mark, nothing to
 -- report (as in a server that does not preload the library).
-CREATE FUNCTION lease._reaper_touch() RETURNS void
+CREATE FUNCTION lease._reaper_touch("rows" bigint DEFAULT 0) RETURNS void
 LANGUAGE sql VOLATILE STRICT PARALLEL UNSAFE
 AS $$ SELECT $$;
 

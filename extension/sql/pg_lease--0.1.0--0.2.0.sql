@@ -201,7 +201,7 @@ STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'reaper_last_slot_shortage_wrapper';
 
-CREATE FUNCTION lease."_reaper_touch"() RETURNS void
+CREATE FUNCTION lease."_reaper_touch"("rows" bigint DEFAULT 0) RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'reaper_touch_wrapper';
@@ -1700,8 +1700,9 @@ BEGIN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease.checked_queue(q);
     ELSE
-        -- New leases: the reaper has work here once they may expire.
-        PERFORM lease._reaper_touch();
+        -- New leases: the reaper has work here once they may expire, and
+        -- their rows count towards waking it for a vacuum.
+        PERFORM lease._reaper_touch(got);
         -- lease._count's upsert, written out: on the batch-1 path calling
         -- _count cost as much as its upsert (benches/README: batch 1, the
         -- callgrind table).
@@ -1770,7 +1771,7 @@ BEGIN
      WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
     RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
     GET DIAGNOSTICS got = ROW_COUNT;
-    PERFORM lease._reaper_touch();
+    PERFORM lease._reaper_touch(got);
     IF got > 0 THEN
         PERFORM lease._count(q, claimed => got);
     END IF;
@@ -2702,9 +2703,10 @@ COMMENT ON VIEW lease.reaper_stats IS
 $$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
 last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;
 
-COMMENT ON FUNCTION lease._reaper_touch() IS
+COMMENT ON FUNCTION lease._reaper_touch(bigint) IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
-have work for it (claims and cancels call it); does nothing where pg_lease is not preloaded.$$;
+have work for it (claims, cancels and schedules call it), counting ROWS claimed so that a burst wakes
+the reaper at once; does nothing where pg_lease is not preloaded.$$;
 COMMENT ON TYPE lease.renewal IS
     'Result of lease.renew: held = false means the lease is lost (expired, taken over or released) and nothing changed; NULL (renew_batch only) that the row was locked by another transaction and not extended this time.';
 

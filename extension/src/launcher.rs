@@ -27,6 +27,12 @@
 //! queue at 27k jobs/s held 26–29 MB for 10,000 live rows (11.7×); vacuumed
 //! twice a second, 16 MB (6.5×; benches/README.md, "Health"). Touches of
 //! other databases wait for the next full pass.
+//!
+//! The file never shrinks, so the first second of a burst, before any
+//! vacuum, set its size too. Claims therefore wake the launcher whenever a
+//! database's claimed rows cross a step ([`shared::take_hot`]), and a hot
+//! database is looked at on that wake. Neither a hot nor a churning
+//! database is looked at more often than every `lease.vacuum_interval`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -88,14 +94,16 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
         } else {
             [0; shared::TOUCH_WORDS]
         };
+        let hot = shared::take_hot();
         // An idle pass costs nothing, not even a look at pg_database.
-        if !known.worth_a_pass(&touched) {
+        if !known.worth_a_pass(&touched, &hot) {
             continue;
         }
         let listed = databases();
         known.listed(&listed);
         for (oid, name) in listed {
-            if known.due(oid, shared::touched(&touched, oid)) {
+            let hot = shared::touched(&hot, oid);
+            if known.due(oid, shared::touched(&touched, oid), hot) {
                 shared::clear_verdict();
                 sweeper::sweep(oid, &name, known.vacuumed(oid));
                 let verdict = shared::take_verdict(oid);
@@ -138,18 +146,19 @@ struct Knowledge {
 impl Known {
     /// Whether database `oid` should get a sweeper this pass. One with
     /// pg_lease: when its work is due, when a transaction there may have
-    /// created work since the last pass (`touched`), when it is churning
-    /// ([`Knowledge::churning`]), or when a sweep failed.
+    /// created work since the last pass (`touched`), when a sweep failed,
+    /// or, at most every `lease.vacuum_interval`, when it is churning
+    /// ([`Knowledge::churning`]) or its claims made it `hot`.
     /// One without: when never looked at, when an install asked, or when
     /// the last look is older than `lease.discovery_interval` (which also
     /// bounds how long an idle database goes unswept).
-    fn due(&self, oid: pg_sys::Oid, touched: bool) -> bool {
+    fn due(&self, oid: pg_sys::Oid, touched: bool, hot: bool) -> bool {
         let now = Instant::now();
         match self.databases.get(&oid) {
             None => true,
             Some(k) if k.installed => {
                 touched
-                    || k.churning()
+                    || ((hot || k.churning()) && k.quick_wait().is_zero())
                     || k.due_at.is_some_and(|t| now >= t)
                     || k.checked_at.elapsed() >= settings::discovery_interval()
             }
@@ -193,15 +202,21 @@ impl Known {
             .insert(oid, Knowledge::unknown(Some(Instant::now() + EAGER_LOOK)));
     }
 
-    /// How long to wait before the next pass: `lease.vacuum_interval`
-    /// while a database is churning, else `lease.sweep_interval`.
+    /// How long to wait before the next pass: until the first churning
+    /// database's next look, else `lease.sweep_interval`.
     fn pause(&self) -> Duration {
+        let quick = self
+            .databases
+            .values()
+            .filter(|k| k.churning())
+            .map(Knowledge::quick_wait)
+            .min();
         let interval = settings::sweep_interval();
-        if self.databases.values().any(Knowledge::churning) {
-            interval.min(settings::vacuum_interval())
-        } else {
-            interval
-        }
+        // At least a millisecond: a shorter wait rounds down to none, and a
+        // look due in under a millisecond is not due yet.
+        quick.map_or(interval, |wait| {
+            interval.min(wait.max(Duration::from_millis(1)))
+        })
     }
 
     /// Whether this pass is a full one: `lease.sweep_interval` has passed
@@ -221,14 +236,17 @@ impl Known {
     /// Whether this pass may have something to do: the first pass, a
     /// touch anywhere (it may come from a database not seen yet, e.g. one
     /// created from a template that has pg_lease), a known database due, or
-    /// a periodic look due.
-    fn worth_a_pass(&self, touched: &[u64]) -> bool {
+    /// a periodic look due. A hot database counts as touched here.
+    fn worth_a_pass(&self, touched: &[u64], hot: &[u64]) -> bool {
         let periodic = self
             .listed_at
             .is_none_or(|t| t.elapsed() >= settings::discovery_interval());
         periodic
-            || touched.iter().any(|word| *word != 0)
-            || self.databases.keys().any(|oid| self.due(*oid, false))
+            || touched.iter().chain(hot).any(|word| *word != 0)
+            || self
+                .databases
+                .keys()
+                .any(|oid| self.due(*oid, false, false))
     }
 
     /// Takes a fresh list of databases, forgetting those that were dropped.
@@ -258,6 +276,12 @@ impl Knowledge {
     fn churning(&self) -> bool {
         self.vacuumed_at
             .is_some_and(|t| t.elapsed() < settings::sweep_interval())
+    }
+
+    /// How long until it may be looked at again for churn or heat: a
+    /// `lease.vacuum_interval` after the last look.
+    fn quick_wait(&self) -> Duration {
+        settings::vacuum_interval().saturating_sub(self.checked_at.elapsed())
     }
 }
 

@@ -12,6 +12,11 @@
 //! (a claim, a cancel) marks its database at commit ([`reaper_touch`]), so
 //! the launcher sweeps a database only when something is due or changed.
 //!
+//! A burst must not wait for the next pass: claims also count their rows
+//! per database, and every `lease.vacuum_dead_rows / 2` rows the
+//! committing backend marks its database hot and wakes the launcher, which
+//! looks at it at once ([`take_hot`]).
+//!
 //! All of it exists only when pg_lease is preloaded; elsewhere the functions
 //! do nothing and report nothing.
 
@@ -21,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PgAtomic};
 
+use crate::settings;
 use crate::vacuum::Mark;
 
 /// Set by `_PG_init` while preloading; forked backends inherit it, so it
@@ -52,6 +58,15 @@ pub const TOUCH_WORDS: usize = 16;
 const TOUCH_BITS: u32 = 64 * TOUCH_WORDS as u32;
 static TOUCHED: PgAtomic<[AtomicU64; TOUCH_WORDS]> = unsafe { PgAtomic::new(c"pg_lease touched") };
 
+/// Rows claimed in the databases of bit `oid % TOUCH_BITS` since the server
+/// started (wrapping). Only crossings of a multiple of the wake step matter.
+static CLAIMED: PgAtomic<[AtomicU64; TOUCH_BITS as usize]> =
+    unsafe { PgAtomic::new(c"pg_lease claimed") };
+
+/// Bits like [`TOUCHED`]'s, set when a database's claims crossed a wake
+/// step: it may need a vacuum before the next pass.
+static HOT: PgAtomic<[AtomicU64; TOUCH_WORDS]> = unsafe { PgAtomic::new(c"pg_lease hot") };
+
 /// A database that just ran `CREATE EXTENSION pg_lease` (0: none).
 static DISCOVER: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"pg_lease discover") };
 
@@ -80,6 +95,8 @@ pub fn init() {
     pg_shmem_init!(VACUUM_HORIZON = AtomicU64::new(NOT_VACUUMED));
     pg_shmem_init!(VACUUM_MOVED = AtomicI64::new(0));
     pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
+    pg_shmem_init!(CLAIMED = std::array::from_fn(|_| AtomicU64::new(0)));
+    pg_shmem_init!(HOT = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
     pg_shmem_init!(SLOT_SHORTAGES = AtomicU64::new(0));
@@ -146,49 +163,106 @@ pub fn take_vacuumed() -> Option<Mark> {
         .map(|horizon| Mark { horizon, moved })
 }
 
-/// Launcher side, once per pass: which databases were touched since the
-/// last pass (a set of bits, see [`touched`]), clearing them.
+/// Launcher side, once per full pass: which databases were touched since
+/// the last one (a set of bits, see [`touched`]), clearing them.
 pub fn take_touched() -> [u64; TOUCH_WORDS] {
+    take_bits(&TOUCHED)
+}
+
+/// Launcher side, every time it wakes: which databases' claims crossed a
+/// wake step since the last call (bits as in [`take_touched`]), clearing
+/// them.
+pub fn take_hot() -> [u64; TOUCH_WORDS] {
+    take_bits(&HOT)
+}
+
+fn take_bits(shared: &PgAtomic<[AtomicU64; TOUCH_WORDS]>) -> [u64; TOUCH_WORDS] {
     let mut words = [0; TOUCH_WORDS];
     if preloaded() {
-        for (word, shared) in words.iter_mut().zip(TOUCHED.get()) {
-            *word = shared.swap(0, Ordering::AcqRel);
+        for (word, bits) in words.iter_mut().zip(shared.get()) {
+            *word = bits.swap(0, Ordering::AcqRel);
         }
     }
     words
 }
 
-/// Whether `oid`'s bit is set in a [`take_touched`] snapshot.
+/// Whether `oid`'s bit is set in a [`take_touched`] or [`take_hot`]
+/// snapshot.
 pub fn touched(words: &[u64; TOUCH_WORDS], oid: pg_sys::Oid) -> bool {
+    let (word, mask) = bit_of(oid);
+    words[word] & mask != 0
+}
+
+/// `oid`'s word and bit in a set of databases.
+fn bit_of(oid: pg_sys::Oid) -> (usize, u64) {
     let bit = oid.to_u32() % TOUCH_BITS;
-    words[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    ((bit / 64) as usize, 1 << (bit % 64))
 }
 
 thread_local! {
-    /// Whether this transaction already asked to touch at commit.
-    static TOUCH_PENDING: Cell<bool> = const { Cell::new(false) };
+    /// Rows this transaction claimed so far; `None` until it first asked to
+    /// touch at commit.
+    static TOUCH_PENDING: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
 /// Marks the current database for the reaper when the current transaction
 /// commits (not before: a sweep that ran between now and the commit would
-/// not see this transaction's rows). Called by claims and cancels; costs a
-/// flag test after the first call in a transaction. A no-op where pg_lease
-/// is not preloaded.
+/// not see this transaction's rows), counting `rows` claimed. Called by
+/// claims (with their row count), cancels and schedules; costs a flag test
+/// and an addition after the first call in a transaction. A no-op where
+/// pg_lease is not preloaded.
 #[pg_extern(volatile, parallel_unsafe, name = "_reaper_touch")]
-fn reaper_touch() {
-    if !preloaded() || TOUCH_PENDING.with(Cell::get) {
+fn reaper_touch(rows: default!(i64, 0)) {
+    if !preloaded() {
         return;
     }
-    TOUCH_PENDING.with(|p| p.set(true));
+    let rows = u64::try_from(rows).unwrap_or(0);
+    let pending =
+        TOUCH_PENDING.with(|p| p.replace(Some(p.get().unwrap_or(0).saturating_add(rows))));
+    if pending.is_some() {
+        return;
+    }
     let database = unsafe { pg_sys::MyDatabaseId };
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
-        let bit = database.to_u32() % TOUCH_BITS;
-        TOUCHED.get()[(bit / 64) as usize].fetch_or(1 << (bit % 64), Ordering::AcqRel);
-        TOUCH_PENDING.with(|p| p.set(false));
+        let rows = TOUCH_PENDING.with(Cell::take).unwrap_or(0);
+        mark_committed(database, rows);
     });
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, || {
-        TOUCH_PENDING.with(|p| p.set(false));
+        TOUCH_PENDING.with(|p| p.set(None));
     });
+}
+
+/// At commit: marks `database` touched, and hot (waking the launcher) if
+/// its `rows` claimed crossed a multiple of the wake step: half of
+/// `lease.vacuum_dead_rows`, as each claimed row leaves two dead versions
+/// once completed. A trickle never crosses one between two passes; a burst
+/// crosses one every few hundred milliseconds, so its first vacuum comes
+/// when it is due instead of at the next pass, by when the table file had
+/// grown by a second of churn (benches/README.md, "Health").
+fn mark_committed(database: pg_sys::Oid, rows: u64) {
+    let (word, mask) = bit_of(database);
+    TOUCHED.get()[word].fetch_or(mask, Ordering::AcqRel);
+    let threshold = u64::try_from(settings::VACUUM_DEAD_ROWS.get()).unwrap_or(0);
+    if rows == 0 || threshold == 0 {
+        return;
+    }
+    let step = (threshold / 2).max(1);
+    let slot = (database.to_u32() % TOUCH_BITS) as usize;
+    let before = CLAIMED.get()[slot].fetch_add(rows, Ordering::AcqRel);
+    if before / step != before.wrapping_add(rows) / step {
+        HOT.get()[word].fetch_or(mask, Ordering::AcqRel);
+        wake_launcher();
+    }
+}
+
+/// Sets the launcher's latch, if a launcher runs.
+fn wake_launcher() {
+    let latch = LAUNCHER_LATCH.get().load(Ordering::Acquire);
+    if latch != 0 {
+        // The latch lives in the launcher's PGPROC, in shared memory, which
+        // every backend maps at the same address.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
 }
 
 /// Launcher side: forgets any earlier verdict before a sweeper starts.
@@ -277,12 +351,7 @@ fn reaper_discover() {
     DISCOVER
         .get()
         .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
-    let latch = LAUNCHER_LATCH.get().load(Ordering::Acquire);
-    if latch != 0 {
-        // The latch lives in the launcher's PGPROC, in shared memory, which
-        // every backend maps at the same address.
-        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
-    }
+    wake_launcher();
 }
 
 pgrx::extension_sql!(
@@ -297,9 +366,10 @@ calls it); does nothing where pg_lease is not preloaded.$$;
 
 pgrx::extension_sql!(
     r#"
-COMMENT ON FUNCTION lease._reaper_touch() IS
+COMMENT ON FUNCTION lease._reaper_touch(bigint) IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
-have work for it (claims and cancels call it); does nothing where pg_lease is not preloaded.$$;
+have work for it (claims, cancels and schedules call it), counting ROWS claimed so that a burst wakes
+the reaper at once; does nothing where pg_lease is not preloaded.$$;
 "#,
     name = "reaper_touch_comment",
     requires = [reaper_touch],

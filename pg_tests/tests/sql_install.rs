@@ -23,7 +23,7 @@ const STAND_INS: &[&str] = &[
     "_cron_next(",
     "_cron_last(",
     "_qualified_predicate(",
-    "_reaper_touch()",
+    "_reaper_touch(",
     "_reaper_discover()",
     "_reaper_slot_shortages()",
     "_reaper_last_slot_shortage()",
