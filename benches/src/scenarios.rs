@@ -119,12 +119,31 @@ impl Side {
         }
     }
 
+    /// The batch-1 script that completes the client's previous job and
+    /// claims the next in one transaction.
+    fn chained_script(self) -> &'static str {
+        match self {
+            Side::Lease => "lease_b1_chained.sql",
+            Side::Hand => "handwritten_b1_chained.sql",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Side::Lease => "pg_lease",
             Side::Hand => "hand-written",
         }
     }
+}
+
+/// A claim table's row: `name`, the drain `d`, and its rate against the
+/// hand-written drain `hand` and against `ceiling` (rows/s).
+fn drain_row(name: &str, d: Drain, hand: Drain, ceiling: f64) -> Vec<String> {
+    let mut cells = vec![name.to_owned()];
+    cells.extend(d.cells());
+    cells.push(ratio(d.jobs_per_s() / hand.jobs_per_s()));
+    cells.push(ratio(d.jobs_per_s() / ceiling));
+    cells
 }
 
 /// One timed drain.
@@ -325,6 +344,40 @@ impl Bench {
         pinned: bool,
     ) -> Res<Drain> {
         let cycles = rows / (u64::from(batch) * u64::from(clients));
+        let script = (side.script(batch), Vec::new());
+        self.drain_script(side, script, (clients, cycles), (rows, stay), pinned)
+            .await
+    }
+
+    /// Fills `rows` (rounded up to whole rounds of 16) and drains them at
+    /// batch 1 with 16 clients, one transaction per job: each completes the
+    /// client's previous job and claims the next. Every client runs one
+    /// transaction more than its share, to complete its last job; a client
+    /// that took more than its share leaves its last job claimed.
+    pub(crate) async fn chained_drain(&self, side: Side, rows: u64) -> Res<Drain> {
+        let rows = Self::whole_cycles(1, 16, rows);
+        self.fill(side, rows).await?;
+        let first = vec![
+            ("id".to_owned(), "0".to_owned()),
+            ("epoch".to_owned(), "0".to_owned()),
+        ];
+        let script = (side.chained_script(), first);
+        self.drain_script(side, script, (16, rows / 16 + 1), (rows, 16), false)
+            .await
+    }
+
+    /// Runs `script` (a pgbench file and its variables) on `clients`
+    /// clients, `transactions` each, over `rows` filled rows, warning if
+    /// more than `stay` are left; with `pinned`, a snapshot is held
+    /// throughout.
+    async fn drain_script(
+        &self,
+        side: Side,
+        (script, defines): (&'static str, Vec<(String, String)>),
+        (clients, transactions): (u32, u64),
+        (rows, stay): (u64, u64),
+        pinned: bool,
+    ) -> Res<Drain> {
         let pin = if pinned {
             Some(self.pin_xmin().await?)
         } else {
@@ -334,10 +387,10 @@ impl Bench {
         let outcome = self
             .pgbench
             .run(&Run {
-                scripts: vec![(side.script(batch), 1)],
+                scripts: vec![(script, 1)],
                 clients,
-                length: Length::Transactions(cycles),
-                defines: Vec::new(),
+                length: Length::Transactions(transactions),
+                defines,
                 deadline: self.size.deadline,
             })
             .await?;
@@ -347,7 +400,7 @@ impl Bench {
         }
         if after > stay && !outcome.timed_out {
             eprintln!(
-                "bench: {} batch {batch}: {after} of {rows} rows left after the drain",
+                "bench: {} {script}: {after} of {rows} rows left after the drain",
                 side.name()
             );
         }
@@ -400,8 +453,11 @@ impl Bench {
             "Each cycle is two transactions: the claim (one statement), then the completion \
              (one statement) with the ids the claim returned (`\\gset`). pg_lease: \
              `claim_pending` + `release_batch` (batch 50) or `release` (batch 1); hand-written: \
-             CTE `FOR UPDATE SKIP LOCKED` + `DELETE`. Rows are enqueued first, then the drain \
-             to zero is timed (connections included). Ceilings: one primary-key UPDATE per \
+             CTE `FOR UPDATE SKIP LOCKED` + `DELETE`. The rows \"one transaction per job\" \
+             complete the previous job and claim the next in one statement: pg_lease's \
+             `release_and_claim`, the hand-written `DELETE` as a CTE of its claim; their \
+             \"vs hand-written\" is against the hand-written row of the same kind. Rows are \
+             enqueued first, then the drain to zero is timed (connections included). Ceilings: one primary-key UPDATE per \
              transaction, time-based, in rows/s.",
             &[
                 "scenario",
@@ -433,11 +489,12 @@ impl Bench {
                 .await?;
             let ceiling = if batch == 1 { c1 } else { c50 };
             for (side, d) in [(Side::Lease, lease), (Side::Hand, hand)] {
-                let mut cells = vec![format!("{} batch {batch}", side.name())];
-                cells.extend(d.cells());
-                cells.push(ratio(d.jobs_per_s() / hand.jobs_per_s()));
-                cells.push(ratio(d.jobs_per_s() / ceiling));
-                t.row(cells);
+                t.row(drain_row(
+                    &format!("{} batch {batch}", side.name()),
+                    d,
+                    hand,
+                    ceiling,
+                ));
             }
             let (lk, hk) = match (batch, small) {
                 (1, _) => ("lease_b1", "hand_b1"),
@@ -454,6 +511,14 @@ impl Bench {
                     ceiling: c50,
                 });
             }
+        }
+        // Batch 1 again, one transaction per job on both sides: what
+        // release_and_claim (the Worker's cycle) saves over two commits.
+        let hand = self.chained_drain(Side::Hand, self.size.drain_b1).await?;
+        let lease = self.chained_drain(Side::Lease, self.size.drain_b1).await?;
+        for (side, d) in [(Side::Lease, lease), (Side::Hand, hand)] {
+            let name = format!("{} batch 1, one transaction per job", side.name());
+            t.row(drain_row(&name, d, hand, c1));
         }
         for (name, v) in [
             ("ceiling: 50-row PK UPDATE", c50),
