@@ -457,8 +457,8 @@ impl Bench {
              complete the previous job and claim the next in one statement: pg_lease's \
              `release_and_claim`, the hand-written `DELETE` as a CTE of its claim; their \
              \"vs hand-written\" is against the hand-written row of the same kind. Rows are \
-             enqueued first, then the drain to zero is timed (connections included). Ceilings: one primary-key UPDATE per \
-             transaction, time-based, in rows/s.",
+             enqueued first, then the drain to zero is timed (connections included). \
+             Ceilings: one primary-key UPDATE per transaction, time-based, in rows/s.",
             &[
                 "scenario",
                 "rows",
@@ -512,8 +512,8 @@ impl Bench {
                 });
             }
         }
-        // Batch 1 again, one transaction per job on both sides: what
-        // release_and_claim (the Worker's cycle) saves over two commits.
+        // Batch 1 again, one transaction per job on both sides: whether
+        // release_and_claim (the Worker's cycle) gains on two commits.
         let hand = self.chained_drain(Side::Hand, self.size.drain_b1).await?;
         let lease = self.chained_drain(Side::Lease, self.size.drain_b1).await?;
         for (side, d) in [(Side::Lease, lease), (Side::Hand, hand)] {

@@ -28,8 +28,8 @@
 //! twice a second, 16 MB (6.5×; benches/README.md, "Health"). Touches of
 //! other databases wait for the next full pass.
 //!
-//! The file never shrinks, so the first second of a burst, before any
-//! vacuum, set its size too. Claims therefore wake the launcher whenever a
+//! The file never shrinks, so what a burst adds before its first vacuum
+//! stays, and that vacuum waited for the next pass. Claims therefore wake the launcher whenever a
 //! database's claimed rows cross a step ([`shared::take_hot`]), and a hot
 //! database is looked at on that wake. Neither a hot nor a churning
 //! database is looked at more often than every `lease.vacuum_interval`.

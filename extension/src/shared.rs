@@ -189,14 +189,18 @@ fn take_bits(shared: &PgAtomic<[AtomicU64; TOUCH_WORDS]>) -> [u64; TOUCH_WORDS] 
 /// Whether `oid`'s bit is set in a [`take_touched`] or [`take_hot`]
 /// snapshot.
 pub fn touched(words: &[u64; TOUCH_WORDS], oid: pg_sys::Oid) -> bool {
-    let (word, mask) = bit_of(oid);
+    let (word, mask) = word_and_mask(slot_of(oid));
     words[word] & mask != 0
 }
 
-/// `oid`'s word and bit in a set of databases.
-fn bit_of(oid: pg_sys::Oid) -> (usize, u64) {
-    let bit = oid.to_u32() % TOUCH_BITS;
-    ((bit / 64) as usize, 1 << (bit % 64))
+/// `oid`'s slot: its bit in a set of databases, and its [`CLAIMED`] count.
+fn slot_of(oid: pg_sys::Oid) -> usize {
+    (oid.to_u32() % TOUCH_BITS) as usize
+}
+
+/// Where a slot's bit is in a set of databases.
+fn word_and_mask(slot: usize) -> (usize, u64) {
+    (slot / 64, 1 << (slot % 64))
 }
 
 thread_local! {
@@ -237,17 +241,17 @@ fn reaper_touch(rows: default!(i64, 0)) {
 /// `lease.vacuum_dead_rows`, as each claimed row leaves two dead versions
 /// once completed. A trickle never crosses one between two passes; a burst
 /// crosses one every few hundred milliseconds, so its first vacuum comes
-/// when it is due instead of at the next pass, by when the table file had
-/// grown by a second of churn (benches/README.md, "Health").
+/// when it is due instead of at the next pass, up to a sweep interval of
+/// churn later (benches/README.md, "Health").
 fn mark_committed(database: pg_sys::Oid, rows: u64) {
-    let (word, mask) = bit_of(database);
+    let slot = slot_of(database);
+    let (word, mask) = word_and_mask(slot);
     TOUCHED.get()[word].fetch_or(mask, Ordering::AcqRel);
     let threshold = u64::try_from(settings::VACUUM_DEAD_ROWS.get()).unwrap_or(0);
     if rows == 0 || threshold == 0 {
         return;
     }
     let step = (threshold / 2).max(1);
-    let slot = (database.to_u32() % TOUCH_BITS) as usize;
     let before = CLAIMED.get()[slot].fetch_add(rows, Ordering::AcqRel);
     if before / step != before.wrapping_add(rows) / step {
         HOT.get()[word].fetch_or(mask, Ordering::AcqRel);
