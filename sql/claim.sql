@@ -48,11 +48,6 @@ BEGIN
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
     END IF;
-    -- The reaper runs no user SQL, so expired leases of a table with
-    -- on_dead/on_cancel are recovered here, in a worker's session.
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = q AND a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._reap_with_outcomes(q, n);
-    END IF;
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
     --    the executor and lease more than n rows (PostgreSQL bug #15715);

@@ -6,6 +6,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    q lease.queue;
+    bytes integer;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
             lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
@@ -16,15 +18,23 @@ BEGIN
     UPDATE lease.job j
        SET payload = j.payload || patch
      WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
-    RETURN FOUND;
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+    RETURNING pg_column_size(j.payload) INTO bytes;
+    IF bytes IS NULL THEN
+        RETURN false;
+    END IF;
+    SELECT qu.* INTO q FROM lease.queue qu JOIN lease.job j ON j.queue = qu.name WHERE j.id = fenced_update.id;
+    -- Raised here, the error undoes the update.
+    PERFORM lease._check_payload_size(q, bytes);
+    RETURN true;
 END
 $$;
 
 COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
 $$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
 is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object, or the payload would grow over the
+queue's max_payload_bytes; 42501 the row's queue is restricted
 and the caller may not work it.$$;
 
 CREATE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz

@@ -136,10 +136,6 @@ BEGIN
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ARRAY[id], '{work}');
     END IF;
-    -- An outcome written back to a table row: that row first (outcome.sql).
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._lock_attached_rows(ARRAY[id], true);
-    END IF;
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
@@ -233,9 +229,6 @@ BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ids, '{work}');
-    END IF;
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._lock_attached_rows(ids, true);
     END IF;
     IF oc = 'done' THEN
         WITH deleted AS (

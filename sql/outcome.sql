@@ -2,23 +2,29 @@
 --
 -- attach(..., on_dead => 'status = ''FAILED''', on_cancel => 'status =
 -- ''cancelled''') makes a dead letter or a cancel of an attached row visible
--- in the domain: in the same transaction that moves the lease row to dead or
--- cancelled, the table row gets that SET list (if it still matches the
+-- in the domain: the table row gets that SET list (if it still matches the
 -- pending predicate). Usually that moves it out of the predicate, so its
 -- lease row goes too, and the domain is the one place to look and to retry
 -- from (move the row back into the predicate).
 --
--- Trust: the SET list is the table owner's SQL, and so is whatever the
--- UPDATE fires (triggers, defaults, constraints). It runs only inside a
--- function lease.attach creates as the table owner, SECURITY DEFINER, which
--- the extension calls after checking, on every call, that it still is the
--- owner's and still SECURITY DEFINER. Background workers never call it: the
--- reaper leaves the expired leases of such queues to the next claim on the
--- queue, which runs in a worker's session.
+-- Trust: the SET list is the table owner's SQL, and so is whatever its
+-- UPDATE runs (triggers, deferred constraint triggers, defaults, checks,
+-- index expressions, policies). None of it may run in a transaction or a
+-- session of anyone but the owner: SECURITY DEFINER switches current_user
+-- only while the function runs, while session settings, deferred trigger
+-- events and pg_lease's idea of the calling role outlive it. So the
+-- transaction that makes a row dead or cancelled (a worker's release, an
+-- admin's cancel, a reap) only records a write-back in lease.write_back and
+-- touches nothing of the table; lease.apply_write_backs applies them, and
+-- only in a session that logged in as the table's owner: with the library a
+-- background worker of its own per owner and database (write_back.rs), as
+-- that role and in a security-restricted operation; without it, the owner's
+-- own scheduler.
 --
--- Lock order: the table row before its lease row, as lease.fence and every
--- writer of the table take them; release, release_batch, cancel and the
--- claim-time reap of such queues lock the table rows first.
+-- Each write-back is applied once: it is deleted in the transaction that
+-- applies it, and dropped unapplied if its key has work again by then
+-- (requeued, or a new row). One that fails keeps its error and is tried
+-- again with backoff (lease.write_backs lists them).
 
 -- The function that applies ON_DEAD/ON_CANCEL to table REL's row with key
 -- $1 for outcome $2 ('dead' or 'cancelled'). Runs as the caller of
@@ -66,8 +72,8 @@ COMMENT ON FUNCTION lease._create_outcome_function(regclass, name, text, text, t
 $$Internal part of lease.attach: creates, as the caller, the SECURITY DEFINER function <table>_pg_lease_outcome(key,
 outcome) in the table's schema that applies ON_DEAD or ON_CANCEL to a row still matching PENDING.$$;
 
--- Called by the trigger below as the extension owner: the function must
--- still be the table owner's and SECURITY DEFINER, or it would run as us.
+-- Called where a write-back is applied: the function must still be the
+-- table owner's and SECURITY DEFINER, or it would run as us.
 CREATE FUNCTION lease._outcome_function(queue text) RETURNS regproc
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -92,22 +98,39 @@ $$;
 COMMENT ON FUNCTION lease._outcome_function(text) IS
     'Internal: the on_dead/on_cancel function of the table attached to QUEUE, NULL if none; raises 55000 if it was dropped or altered.';
 
+CREATE TABLE lease.write_back (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue       text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    key         text NOT NULL,
+    outcome     lease.job_state NOT NULL CHECK (outcome IN ('dead', 'cancelled')),
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    attempts    integer NOT NULL DEFAULT 0,
+    next_try_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_error  text
+);
+
+CREATE INDEX write_back_queue ON lease.write_back (queue);
+
+COMMENT ON TABLE lease.write_back IS
+    'on_dead/on_cancel write-backs recorded and not yet applied to their table rows (read them through lease.write_backs).';
+
+-- Runs in the transaction that makes the row dead or cancelled, whoever's
+-- that is: it records, and runs nothing of the table owner's.
 CREATE FUNCTION lease._job_finished() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    fn constant regproc := lease._outcome_function(NEW.queue);
 BEGIN
-    IF fn IS NOT NULL THEN
-        EXECUTE format('SELECT %s($1, $2)', fn) USING NEW.key, NEW.state::text;
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = NEW.queue AND a.outcome_function IS NOT NULL) THEN
+        INSERT INTO lease.write_back (queue, key, outcome) VALUES (NEW.queue, NEW.key, NEW.state);
+        PERFORM lease._reaper_touch();
     END IF;
     RETURN NULL;
 END
 $$;
 
 COMMENT ON FUNCTION lease._job_finished() IS
-    'Internal trigger function on lease.job: a row of an attached table with on_dead/on_cancel that became dead or cancelled gets its SET list applied to the table row.';
+    'Internal trigger function on lease.job: records the write-back of a row of an attached table with on_dead/on_cancel that became dead or cancelled.';
 
 -- OF finished_at, not OF state: every UPDATE that makes a row dead or
 -- cancelled sets finished_at, and claims and renewals never do, so they skip
@@ -120,13 +143,191 @@ FOR EACH ROW
 WHEN (NEW.state IN ('dead', 'cancelled') AND OLD.state IS DISTINCT FROM NEW.state AND NEW.key IS NOT NULL)
 EXECUTE FUNCTION lease._job_finished();
 
--- Locks the table rows of those of IDS that belong to attached tables (only
--- tables with an outcome function if OUTCOME_ONLY), in key order, FOR NO KEY
--- UPDATE, skipping rows others hold if SKIP_LOCKED. Returns the ids whose
--- table rows this transaction now holds.
-CREATE FUNCTION lease._lock_attached_rows(ids bigint[], outcome_only boolean DEFAULT false,
-                                          skip_locked boolean DEFAULT false)
-RETURNS bigint[]
+-- The role whose write-backs this session may apply: the session user, if
+-- it acts as itself. INVOKER is lease.apply_write_backs' current_user, so a
+-- call under SET ROLE or from another role's SECURITY DEFINER function is
+-- refused.
+CREATE FUNCTION lease._write_back_owner(invoker name) RETURNS oid
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF invoker IS DISTINCT FROM session_user OR current_setting('role') <> 'none' THEN
+        RAISE EXCEPTION 'write-backs are applied only in a session that logged in as the table''s owner'
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Session user "%s", acting as "%s".', session_user, invoker),
+                  HINT = 'Connect as the owner of the attached table, without SET ROLE.';
+    END IF;
+    RETURN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user);
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_owner(name) IS
+    'Internal: the oid of the session user if INVOKER (the current_user of lease.apply_write_backs) is that user and no SET ROLE is in force; else 42501.';
+
+-- Takes up to MAX_ROWS due write-backs of tables the session user owns,
+-- locked until commit (a concurrent applier skips them), and pushes each
+-- one's next try back first: one that keeps failing, or takes its process
+-- down, is not retried in a tight loop.
+CREATE FUNCTION lease._take_write_backs(invoker name, max_rows integer) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+    n constant integer := lease.checked_limit(max_rows);
+BEGIN
+    RETURN QUERY
+    UPDATE lease.write_back w
+       SET attempts = w.attempts + 1,
+           next_try_at = clock_timestamp() + lease.backoff(w.attempts + 1, '1 second', '10 minutes')
+     WHERE w.id = ANY (ARRAY(SELECT d.id
+                               FROM lease.write_back d
+                               JOIN lease.attachment a ON a.queue = d.queue
+                               JOIN pg_class c ON c.oid = a.rel
+                              WHERE c.relowner = owner AND d.next_try_at <= clock_timestamp()
+                              ORDER BY d.next_try_at, d.id
+                              LIMIT n
+                                FOR UPDATE OF d SKIP LOCKED))
+    RETURNING w.id;
+END
+$$;
+
+COMMENT ON FUNCTION lease._take_write_backs(name, integer) IS
+    'Internal part of lease.apply_write_backs: locks up to MAX_ROWS due write-backs of tables the session user owns, counts an attempt on each and returns their ids.';
+
+-- Applies write-back ID. Locks the table row first (the lock order of
+-- lease.fence and of every writer of the table), then the key's lease row,
+-- FOR SHARE until commit, so that no requeue slips in between the check
+-- and the write.
+CREATE FUNCTION lease._apply_write_back(invoker name, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+    w lease.write_back;
+    target record;
+    fn regproc;
+BEGIN
+    SELECT * INTO w FROM lease.write_back b WHERE b.id = _apply_write_back.id;
+    SELECT a.rel, c.relowner, format_type(k.atttypid, NULL) AS key_type,
+           lease._attached_key_column(a.queue, a.rel) AS key_col
+      INTO target
+      FROM lease.attachment a
+      JOIN pg_class c ON c.oid = a.rel
+      JOIN pg_attribute k ON k.attrelid = a.rel AND k.attnum = a.key_attnum
+     WHERE a.queue = w.queue;
+    IF w.id IS NULL OR target.rel IS NULL THEN
+        RETURN false;
+    END IF;
+    IF target.relowner <> owner THEN
+        RAISE EXCEPTION 'write-back % is for table %, which role "%" does not own', id, target.rel, session_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    fn := lease._outcome_function(w.queue);
+    -- The key type is one attach supports, so = and the cast are built in.
+    IF target.key_col IS NOT NULL THEN
+        EXECUTE format('SELECT FROM %s t WHERE t.%I = $1::%s FOR NO KEY UPDATE',
+                       target.rel, target.key_col, target.key_type)
+          USING w.key;
+    END IF;
+    PERFORM FROM lease.job j WHERE j.queue = w.queue AND j.key = w.key FOR SHARE;
+    -- Work again under this key (requeued, or a new row) is not undone.
+    IF fn IS NULL OR EXISTS (SELECT FROM lease.job j
+                              WHERE j.queue = w.queue AND j.key = w.key AND j.state IN ('pending', 'leased')) THEN
+        DELETE FROM lease.write_back b WHERE b.id = w.id;
+        RETURN false;
+    END IF;
+    EXECUTE format('SELECT %s($1, $2)', fn) USING w.key, w.outcome::text;
+    DELETE FROM lease.write_back b WHERE b.id = w.id;
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION lease._apply_write_back(name, bigint) IS
+$$Internal part of lease.apply_write_backs: applies write-back ID (the table owner's on_dead/on_cancel function,
+to the row if it still matches) and deletes it; deletes it unapplied if its key has work again. 42501 unless
+the session user owns the table and acts as itself.$$;
+
+CREATE FUNCTION lease._write_back_failed(invoker name, id bigint, error text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+BEGIN
+    UPDATE lease.write_back w SET last_error = left(error, 2000)
+     WHERE w.id = _write_back_failed.id
+       AND EXISTS (SELECT FROM lease.attachment a JOIN pg_class c ON c.oid = a.rel
+                    WHERE a.queue = w.queue AND c.relowner = owner);
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_failed(name, bigint, text) IS
+    'Internal part of lease.apply_write_backs: records ERROR on write-back ID of a table the session user owns.';
+
+-- SECURITY INVOKER: it runs as the table's owner, so the deferred triggers
+-- that the owner's UPDATE queued fire here, as the owner, inside the block
+-- that catches what they raise (left for the commit, they would fire as
+-- whoever commits).
+CREATE FUNCTION lease.apply_write_backs(max_rows integer DEFAULT 100) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    me constant name := current_user;
+    w bigint;
+    handled integer := 0;
+    problem text;
+BEGIN
+    FOR w IN SELECT * FROM lease._take_write_backs(me, max_rows) LOOP
+        BEGIN
+            PERFORM lease._apply_write_back(me, w);
+            SET CONSTRAINTS ALL IMMEDIATE;
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+            PERFORM lease._write_back_failed(me, w, format('%s: %s', SQLSTATE, problem));
+        END;
+        handled := handled + 1;
+    END LOOP;
+    RETURN handled;
+END
+$$;
+
+COMMENT ON FUNCTION lease.apply_write_backs(integer) IS
+$$Applies up to MAX_ROWS due on_dead/on_cancel write-backs (see lease.attach) of the tables the session user
+owns and returns how many it handled. Each runs in a subtransaction of its own, with the deferred constraints of
+its UPDATE checked at once; one that fails keeps its error (lease.write_backs) and is tried again after a
+backoff (1 s, doubling to 10 min). With the library a background worker calls it as each table's owner; without
+it, call it as the owner from a scheduler (pg_cron, or the client's Sweeper connected as the owner). It must run
+in a session that logged in as the owner, without SET ROLE: the owner's code never runs in another role's
+session. Leaves SET CONSTRAINTS ALL IMMEDIATE in force for the rest of the transaction.
+Errors: 42501 called under SET ROLE or from another role's function; 22004/22023 max_rows NULL or outside
+1..10000.$$;
+
+-- The owners with due write-backs, for the background worker. Only those
+-- that may call lease.apply_write_backs: another would fail every pass.
+CREATE FUNCTION lease._write_back_owners() RETURNS SETOF oid
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT DISTINCT c.relowner
+      FROM lease.write_back w
+      JOIN lease.attachment a ON a.queue = w.queue
+      JOIN pg_class c ON c.oid = a.rel
+     WHERE w.next_try_at <= clock_timestamp()
+       AND has_schema_privilege(c.relowner, 'lease', 'USAGE')
+       AND has_function_privilege(c.relowner, 'lease.apply_write_backs(integer)', 'EXECUTE');
+END;
+
+COMMENT ON FUNCTION lease._write_back_owners() IS
+    'Internal: the roles that own attached tables with due write-backs and may apply them (lease.apply_write_backs).';
+
+-- Locks the table rows of those of IDS that belong to attached tables, in
+-- key order, FOR NO KEY UPDATE. Returns the ids whose table rows this
+-- transaction now holds.
+CREATE FUNCTION lease._lock_attached_rows(ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -140,14 +341,14 @@ BEGIN
           FROM lease.job j
           JOIN lease.attachment a ON a.queue = j.queue
           JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
-         WHERE j.id = ANY (ids) AND (NOT outcome_only OR a.outcome_function IS NOT NULL)
+         WHERE j.id = ANY (ids)
            AND c.attname = lease._attached_key_column(a.queue, a.rel)
          GROUP BY a.queue, a.rel, c.attname, c.atttypid
     LOOP
         -- The key type is one attach supports, so = and the cast are built in.
         EXECUTE format('SELECT array_agg(l.k) FROM (SELECT t.%1$I::text AS k FROM %2$s t WHERE t.%1$I = ANY ($1::%3$s[])
-                         ORDER BY t.%1$I FOR NO KEY UPDATE %4$s) l',
-                       target.attname, target.rel, target.type, CASE WHEN skip_locked THEN 'SKIP LOCKED' END)
+                         ORDER BY t.%1$I FOR NO KEY UPDATE) l',
+                       target.attname, target.rel, target.type)
           INTO locked_keys USING target.keys;
         locked := locked || ARRAY(SELECT j.id FROM lease.job j
                                    WHERE j.queue = target.queue AND j.key = ANY (locked_keys) AND j.id = ANY (ids));
@@ -156,32 +357,6 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._lock_attached_rows(bigint[], boolean, boolean) IS
-$$Internal: locks the table rows of the attached-table rows among IDS (with OUTCOME_ONLY, only of tables with
-on_dead/on_cancel) FOR NO KEY UPDATE in key order, SKIP LOCKED if asked; returns the ids whose table rows are
-now locked. The lock order of lease.fence: table row, then lease row.$$;
-
--- The reaper leaves expired leases of tables with an outcome function to
--- this, run by claim_pending in a worker's session: it locks the table rows
--- first (skipping those a writer holds; the next claim retries them) and
--- reaps only those.
-CREATE FUNCTION lease._reap_with_outcomes(queue text, max_rows integer) RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    ids bigint[];
-BEGIN
-    ids := ARRAY(SELECT j.id FROM lease.job j
-                  WHERE j.queue = _reap_with_outcomes.queue AND j.state = 'leased'
-                    AND j.lease_until <= clock_timestamp()
-                  ORDER BY j.lease_until LIMIT max_rows);
-    IF cardinality(ids) > 0 THEN
-        PERFORM lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled)
-           FROM lease._reap(max_rows, _reap_with_outcomes.queue, lease._lock_attached_rows(ids, true, true)) r;
-    END IF;
-END
-$$;
-
-COMMENT ON FUNCTION lease._reap_with_outcomes(text, integer) IS
-    'Internal: reaps up to MAX_ROWS expired leases of QUEUE, an attached table with on_dead/on_cancel, table rows locked first; called by claim_pending.';
+COMMENT ON FUNCTION lease._lock_attached_rows(bigint[]) IS
+$$Internal: locks the table rows of the attached-table rows among IDS FOR NO KEY UPDATE, in key order; returns
+the ids whose table rows are now locked. The lock order of lease.fence: table row, then lease row.$$;

@@ -13,7 +13,8 @@
 -- Both are NOLOGIN group roles: GRANT them to your login roles. PUBLIC gets
 -- nothing: no schema usage, no function, no table. Functions whose name
 -- starts with "_" and those whose comment says "Internal" are granted to
--- nobody, with the exceptions noted below (parts of attach and detach). Roles are cluster-wide and
+-- nobody, with the exceptions noted below (parts of attach, detach and
+-- apply_write_backs). Roles are cluster-wide and
 -- outlive DROP EXTENSION; creating the extension in a second database
 -- reuses them.
 
@@ -56,11 +57,19 @@ GRANT EXECUTE ON FUNCTION
     lease.release_named(text, text, bigint),
     lease.release_named(text[], text, bigint[]),
     lease.fence_named(text, bigint),
-    lease.cancel_key(text, text)
+    lease.cancel_key(text, text),
+    lease.ready_channel(text),
+    -- Applies only the write-backs of tables the session user owns, and
+    -- only in a session acting as itself (outcome.sql); its parts check
+    -- that for themselves.
+    lease.apply_write_backs(integer),
+    lease._take_write_backs(name, integer),
+    lease._apply_write_back(name, bigint),
+    lease._write_back_failed(name, bigint, text)
 TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer),
     lease.drop_queue(text, boolean),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
@@ -98,7 +107,7 @@ GRANT EXECUTE ON FUNCTION
 TO lease_admin;
 
 GRANT SELECT ON lease.metrics, lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
-                lease.queue, lease.queue_grant, lease.attachment, lease.schedule
+                lease.write_backs, lease.queue, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;
 
 -- pg_dump keeps the lease state (and pg_restore brings it back) like the

@@ -9,7 +9,8 @@ CREATE FUNCTION lease.create_queue(
     retention      interval DEFAULT '0',
     dead_retention interval DEFAULT '7 days',
     jitter         text     DEFAULT 'full',
-    concurrency    integer  DEFAULT NULL
+    concurrency    integer  DEFAULT NULL,
+    max_payload_bytes integer DEFAULT 1048576
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -33,6 +34,10 @@ BEGIN
         RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF max_payload_bytes IS NULL OR max_payload_bytes NOT BETWEEN 1 AND 268435455 THEN
+        RAISE EXCEPTION 'max_payload_bytes must be between 1 and 268435455 (got %)', max_payload_bytes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF concurrency NOT BETWEEN 1 AND 100000 THEN
         RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
             USING ERRCODE = 'invalid_parameter_value';
@@ -44,10 +49,10 @@ BEGIN
 
     -- Create or reconfigure: every replica can call this at start-up.
     INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
-                                  concurrency)
+                                  concurrency, max_payload_bytes)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
             create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
-            create_queue.concurrency)
+            create_queue.concurrency, create_queue.max_payload_bytes)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
@@ -55,13 +60,14 @@ BEGIN
             retention      = EXCLUDED.retention,
             dead_retention = EXCLUDED.dead_retention,
             jitter         = EXCLUDED.jitter,
-            concurrency    = EXCLUDED.concurrency;
+            concurrency    = EXCLUDED.concurrency,
+            max_payload_bytes = EXCLUDED.max_payload_bytes;
     -- A raised (or removed) limit admits held rows now.
     PERFORM lease._top_up_slots(name);
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
@@ -72,6 +78,8 @@ Both at most 36500 days. Intervals are judged by the time they add and may not h
 concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
 1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
 admits held rows at once; lowering it admits no more until the key is below the new limit.
+max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, as stored jsonb
+(pg_column_size), 1..268435455; default 1 MiB.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 -- What dropping a queue deletes, for drop_queue and for detach (its grants,
@@ -123,7 +131,25 @@ Refuses while rows are pending or leased unless force => true, and for the queue
 (use lease.detach).
 Errors: 22004 name NULL; 42704 no such queue; 55006 unfinished rows and force is false.$$;
 
-CREATE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
+-- The payload cap: without one, a single enqueue could write hundreds of
+-- megabytes that every claim of the row then sends back.
+CREATE FUNCTION lease._check_payload_size(q lease.queue, payload_bytes bigint) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF payload_bytes > q.max_payload_bytes THEN
+        RAISE EXCEPTION 'a payload of % bytes is over the limit of queue "%" (% bytes)',
+                        payload_bytes, q.name, q.max_payload_bytes
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Keep large data elsewhere and pass a reference, or raise the limit with lease.create_queue(..., max_payload_bytes => ...).';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_payload_size(lease.queue, bigint) IS
+    'Internal: raises 22023 if PAYLOAD_BYTES is over the max_payload_bytes of queue Q.';
+
+CREATE FUNCTION lease._checked_producer_queue(queue text, payload_bytes bigint) RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -143,12 +169,13 @@ BEGIN
     IF q.restricted THEN
         PERFORM lease._check_access(queue, '{produce}');
     END IF;
+    PERFORM lease._check_payload_size(q, payload_bytes);
     RETURN queue;
 END
 $$;
 
-COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
-    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
+COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
+    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
 
 CREATE FUNCTION lease.enqueue(
     queue    text,
@@ -163,8 +190,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    q  constant text := lease._checked_producer_queue(queue, pg_column_size(p));
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
@@ -222,8 +249,8 @@ With a concurrency_key (the queue needs a concurrency limit k, see lease.create_
 that key are admitted at once; the others are held, never claimed, until an admitted one ends (done,
 dead, cancelled) and gives up its slot (highest priority, then oldest, first). A retry or expiry keeps the
 slot, so k = 1 runs a key's rows one at a time, in order.
-A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
-Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
+A row claimable at once sends a NOTIFY on the queue's channel (lease.ready_channel), on commit.
+Errors: 22004 queue or payload NULL; 22023 run_at infinite, or payload over the queue's max_payload_bytes; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
 not produce into it; 22023 concurrency_key empty or over 256 characters, or the queue has no concurrency
 limit; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
@@ -243,8 +270,9 @@ AS $$
 -- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
     n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    q  constant text := lease._checked_producer_queue(queue, (SELECT max(pg_column_size(u.p))
+                                                                FROM unnest(payloads) AS u(p)));
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
@@ -314,8 +342,8 @@ $$Adds many rows to QUEUE in one statement and returns their ids in input order.
 keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue;
 concurrency_keys (same shape) give rows a concurrency_key as in lease.enqueue.
 Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys length differs, a
-concurrency key invalid or the queue without a concurrency limit, more than 100000 rows or run_at
-infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
+concurrency key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
+infinite or a payload over the queue's max_payload_bytes; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE FUNCTION lease.cancel(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -327,9 +355,7 @@ DECLARE
     ck text;
     was_held boolean;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
-            -- A cancel written back to the table row: that row first.
-            lease._lock_attached_rows(ARRAY[id], true);
+    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,

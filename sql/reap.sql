@@ -2,7 +2,7 @@
 -- their queue's retention (purge). Both are bounded and skip rows that others
 -- hold locked, so they never wait on a claimer, a renewer or a fence.
 
-CREATE FUNCTION lease._reap(max_rows integer, only_queue text, only_ids bigint[] DEFAULT NULL)
+CREATE FUNCTION lease._reap(max_rows integer, only_queue text)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -19,12 +19,6 @@ BEGIN
           FROM lease.job j
          WHERE j.state = 'leased' AND j.lease_until <= t
            AND (only_queue IS NULL OR j.queue = only_queue)
-           -- The leases of tables with on_dead/on_cancel are reaped by claims
-           -- (outcome.sql), which pass ONLY_IDS: the reaper runs no user code.
-           AND CASE WHEN only_ids IS NULL
-                    THEN NOT EXISTS (SELECT FROM lease.attachment a
-                                      WHERE a.queue = j.queue AND a.outcome_function IS NOT NULL)
-                    ELSE j.id = ANY (only_ids) END
          ORDER BY j.lease_until
          LIMIT n
            FOR UPDATE SKIP LOCKED
@@ -74,16 +68,16 @@ BEGIN
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
             -- With a zero backoff they may be due before the queue's head.
-            PERFORM lease._lower_heads(r.requeued_ids), pg_notify('pg_lease_ready', queue);
+            PERFORM lease._lower_heads(r.requeued_ids), pg_notify(lease._ready_channel(queue), '');
         END IF;
         RETURN NEXT;
     END LOOP;
 END
 $$;
 
-COMMENT ON FUNCTION lease._reap(integer, text, bigint[]) IS
+COMMENT ON FUNCTION lease._reap(integer, text) IS
 $$Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing
-queue). Without ONLY_IDS it skips attached tables with on_dead/on_cancel; with them it reaps just those rows.$$;
+queue).$$;
 
 CREATE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
@@ -97,8 +91,7 @@ COMMENT ON FUNCTION lease.reap(integer) IS
 $$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
 how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
 cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
-Rows locked by others are skipped. Leases of attached tables with on_dead/on_cancel are left to the next
-claim on their queue (which runs that SQL in a worker's session). Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
+Rows locked by others are skipped. Sends a NOTIFY on the queue's channel (lease.ready_channel) for each queue
 that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 

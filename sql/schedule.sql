@@ -79,8 +79,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n constant text := lease.checked_not_null(name, 'name');
-    q constant text := lease._checked_producer_queue(queue);
     p constant jsonb := lease.checked_not_null(payload, 'payload');
+    q constant text := lease._checked_producer_queue(queue, pg_column_size(p));
     t constant timestamptz := clock_timestamp();
     first timestamptz;
 BEGIN

@@ -53,6 +53,9 @@ CREATE TABLE lease.queue (
     -- At most this many rows per concurrency_key admitted at once (pending
     -- and claimable, or leased); NULL: no limit (see concurrency.sql).
     concurrency     integer CHECK (concurrency BETWEEN 1 AND 100000),
+    -- The largest payload an enqueue may write (pg_column_size), see
+    -- lease.create_queue.
+    max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 268435455),
     -- The head (head.sql): no pending row of the queue is before this
     -- position in claim order (priority DESC, rank, next_at, id), so claims
     -- start reading job_ready there. The defaults are the very start.

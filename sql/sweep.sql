@@ -147,10 +147,7 @@ Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 CREATE FUNCTION lease._next_sweep_due() RETURNS timestamptz
 LANGUAGE sql STABLE
 RETURN least(
-    (SELECT min(j.lease_until) FROM lease.job j
-      WHERE j.state = 'leased'
-        -- Claims reap these (outcome.sql), not the reaper.
-        AND NOT EXISTS (SELECT FROM lease.attachment a WHERE a.queue = j.queue AND a.outcome_function IS NOT NULL)),
+    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
     -- Per queue, so that it costs O(queues); either retention bounds it.
     (SELECT min(f.first + least(q.retention, q.dead_retention))
        FROM lease.queue q
@@ -158,7 +155,8 @@ RETURN least(
                              FROM lease.job j
                             WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
       WHERE NOT q.attached),
-    (SELECT min(s.next_at) FROM lease.schedule s));
+    (SELECT min(s.next_at) FROM lease.schedule s),
+    (SELECT min(w.next_try_at) FROM lease.write_back w));
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry); NULL if none until something changes.';

@@ -38,6 +38,15 @@ SELECT j.id, j.queue, j.key, j.payload, j.attempt, j.last_error, j.finished_at
 COMMENT ON VIEW lease.dead_letters IS
     'Rows that failed for good (outcome fail, or attempts reached max_attempts), with their last error.';
 
+CREATE VIEW lease.write_backs AS
+SELECT w.id, w.queue, a.rel AS "table", w.key, w.outcome, w.created_at, w.attempts, w.next_try_at, w.last_error
+  FROM lease.write_back w
+  JOIN lease.attachment a ON a.queue = w.queue;
+
+COMMENT ON VIEW lease.write_backs IS
+$$on_dead/on_cancel write-backs recorded and not yet applied to their table rows (lease.apply_write_backs): the
+row's key, the outcome, attempts so far, when the next is due and the last one's error.$$;
+
 CREATE VIEW lease.holders AS
 SELECT n.name, n.owner, n.epoch, n.acquired_at, n.lease_until,
        n.lease_until - clock_timestamp() AS remaining

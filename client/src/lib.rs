@@ -75,9 +75,7 @@ pub use queue::{
 };
 pub use sweeper::{Sweeper, SweeperConfig};
 pub use transaction::FencedTransaction;
-pub use worker::{
-    BoxError, CancelReason, HandlerResult, Job, Summary, Worker, WorkerConfig, READY_CHANNEL,
-};
+pub use worker::{BoxError, CancelReason, HandlerResult, Job, Summary, Worker, WorkerConfig};
 
 /// Re-exported so callers need no direct dependency for the worker's
 /// shutdown token and the job's cancellation token.

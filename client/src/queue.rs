@@ -29,6 +29,9 @@ pub struct QueueOptions {
     /// key's rows one at a time, in order. Default `None`: no limit, and
     /// enqueues may not name a concurrency key.
     pub concurrency: Option<i32>,
+    /// The largest payload an enqueue may write, in bytes of stored `jsonb`
+    /// (1..=268435455); a larger one is refused with `22023`. Default 1 MiB.
+    pub max_payload_bytes: i32,
 }
 
 impl Default for QueueOptions {
@@ -41,6 +44,7 @@ impl Default for QueueOptions {
             dead_retention: Duration::from_secs(7 * 24 * 3600),
             jitter: true,
             concurrency: None,
+            max_payload_bytes: 1 << 20,
         }
     }
 }

@@ -130,6 +130,17 @@ async fn sweep_while_leading(
             {
                 Ok((recovered, purged)) => {
                     tracing::debug!(target: "pg_lease_client", recovered, purged, "swept");
+                    // Write-backs of the tables this role owns (outcome.sql);
+                    // with the library a background worker applies them too.
+                    match client.apply_write_backs(config.max_rows).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::debug!(target: "pg_lease_client", n, "applied write-backs")
+                        }
+                        Err(e) => {
+                            tracing::warn!(target: "pg_lease_client", error = %e, "applying write-backs failed")
+                        }
+                    }
                 }
                 Err(e) if e.is_lease_lost() => {
                     // The elector steps down at its next renewal; no sweep

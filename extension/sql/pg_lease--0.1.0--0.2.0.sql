@@ -17,7 +17,9 @@ ALTER TABLE lease.queue
     ADD COLUMN attached   boolean NOT NULL DEFAULT false,
     -- Queues that exist keep exact retry delays; new ones get jitter.
     ADD COLUMN jitter     text NOT NULL DEFAULT 'none' CHECK (jitter IN ('full', 'none')),
-    ADD COLUMN concurrency integer CHECK (concurrency BETWEEN 1 AND 100000);
+    ADD COLUMN concurrency integer CHECK (concurrency BETWEEN 1 AND 100000),
+    -- A constant default: no table rewrite.
+    ADD COLUMN max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 268435455);
 ALTER TABLE lease.queue ALTER COLUMN jitter SET DEFAULT 'full';
 -- Each queue's head (sql/head.sql), at the start: claims read from there
 -- until the first sweep moves it.
@@ -136,6 +138,34 @@ ALTER TYPE lease.claim ADD ATTRIBUTE eligible_at timestamptz;
 COMMENT ON TYPE lease.claim IS
     'A row handed out by lease.claim_pending, with its fencing token (id, epoch), the database time its lease ends, and when it became claimable.';
 
+-- Write-backs recorded, to be applied as the table's owner (outcome.sql).
+CREATE TABLE lease.write_back (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue       text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    key         text NOT NULL,
+    outcome     lease.job_state NOT NULL CHECK (outcome IN ('dead', 'cancelled')),
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    attempts    integer NOT NULL DEFAULT 0,
+    next_try_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_error  text
+);
+
+CREATE INDEX write_back_queue ON lease.write_back (queue);
+
+COMMENT ON TABLE lease.write_back IS
+    'on_dead/on_cancel write-backs recorded and not yet applied to their table rows (read them through lease.write_backs).';
+
+-- The secret of the queues' NOTIFY channels (wake.sql).
+CREATE TABLE lease.channel_secret (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    secret   text NOT NULL DEFAULT md5(gen_random_uuid()::text)
+);
+
+COMMENT ON TABLE lease.channel_secret IS
+    'The secret that the NOTIFY channel names of the queues are derived from (lease.ready_channel); readable by the extension''s owner only.';
+
+INSERT INTO lease.channel_secret DEFAULT VALUES;
+
 -- What 0.2.0 no longer has --------------------------------------------------
 
 -- The old triggers call the old trigger function; they are recreated below.
@@ -161,7 +191,7 @@ DROP FUNCTION lease.register_attachment(regclass, text, name, text, integer, int
 DROP FUNCTION lease.unregister_attachment(text);
 DROP FUNCTION lease.next_state(text, boolean, integer, integer);
 DROP FUNCTION lease.attach(regclass, text, text, integer, interval, interval, interval);
--- Gained jitter and concurrency.
+-- Gained jitter, concurrency and max_payload_bytes.
 DROP FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval);
 -- Gained unique_key and concurrency_key.
 DROP FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer);
@@ -487,7 +517,9 @@ RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random
 COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
     'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
 
-CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text, only_ids bigint[] DEFAULT NULL)
+
+
+CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -504,12 +536,6 @@ BEGIN
           FROM lease.job j
          WHERE j.state = 'leased' AND j.lease_until <= t
            AND (only_queue IS NULL OR j.queue = only_queue)
-           -- The leases of tables with on_dead/on_cancel are reaped by claims
-           -- (outcome.sql), which pass ONLY_IDS: the reaper runs no user code.
-           AND CASE WHEN only_ids IS NULL
-                    THEN NOT EXISTS (SELECT FROM lease.attachment a
-                                      WHERE a.queue = j.queue AND a.outcome_function IS NOT NULL)
-                    ELSE j.id = ANY (only_ids) END
          ORDER BY j.lease_until
          LIMIT n
            FOR UPDATE SKIP LOCKED
@@ -559,16 +585,16 @@ BEGIN
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
             -- With a zero backoff they may be due before the queue's head.
-            PERFORM lease._lower_heads(r.requeued_ids), pg_notify('pg_lease_ready', queue);
+            PERFORM lease._lower_heads(r.requeued_ids), pg_notify(lease._ready_channel(queue), '');
         END IF;
         RETURN NEXT;
     END LOOP;
 END
 $$;
 
-COMMENT ON FUNCTION lease._reap(integer, text, bigint[]) IS
+COMMENT ON FUNCTION lease._reap(integer, text) IS
 $$Internal: lease.reap, limited to queue ONLY_QUEUE unless it is NULL (lease.sweep uses it to isolate a failing
-queue). Without ONLY_IDS it skips attached tables with on_dead/on_cancel; with them it reaps just those rows.$$;
+queue).$$;
 
 CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
@@ -582,8 +608,7 @@ COMMENT ON FUNCTION lease.reap(integer) IS
 $$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
 how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
 cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
-Rows locked by others are skipped. Leases of attached tables with on_dead/on_cancel are left to the next
-claim on their queue (which runs that SQL in a worker's session). Sends NOTIFY pg_lease_ready (payload: queue name) for each queue
+Rows locked by others are skipped. Sends a NOTIFY on the queue's channel (lease.ready_channel) for each queue
 that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
@@ -813,11 +838,36 @@ COMMENT ON FUNCTION lease.revoke(text, regrole) IS
 $$Removes ROLE's grant on QUEUE; returns whether there was one. The queue stays restricted (only
 lease_admin may use it once its last grant is gone). Errors: 22004 an argument NULL; 42704 no such queue.$$;
 
+CREATE OR REPLACE FUNCTION lease._ready_channel(queue text) RETURNS text
+LANGUAGE sql STABLE
+RETURN 'pg_lease_' || md5((SELECT s.secret FROM lease.channel_secret s) || queue);
+
+COMMENT ON FUNCTION lease._ready_channel(text) IS
+    'Internal: the NOTIFY channel of QUEUE, a hash of its name and the database''s channel secret.';
+
+CREATE OR REPLACE FUNCTION lease.ready_channel(queue text) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease._check_access(lease.checked_queue(queue), '{work}');
+    RETURN lease._ready_channel(queue);
+END
+$$;
+
+COMMENT ON FUNCTION lease.ready_channel(text) IS
+$$The channel to LISTEN on for QUEUE: a NOTIFY without payload arrives there, on commit, when the queue
+gets claimable rows while it had none (an enqueue, a reap's retries). The name is derived from a secret of
+the database, so only roles that may work the queue can learn it. Errors: 22004 queue NULL; 42704 no such
+queue; 42501 the queue is restricted and the caller may not work it.$$;
+
 CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    q lease.queue;
+    bytes integer;
 BEGIN
     PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
             lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
@@ -828,15 +878,23 @@ BEGIN
     UPDATE lease.job j
        SET payload = j.payload || patch
      WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp();
-    RETURN FOUND;
+       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+    RETURNING pg_column_size(j.payload) INTO bytes;
+    IF bytes IS NULL THEN
+        RETURN false;
+    END IF;
+    SELECT qu.* INTO q FROM lease.queue qu JOIN lease.job j ON j.queue = qu.name WHERE j.id = fenced_update.id;
+    -- Raised here, the error undoes the update.
+    PERFORM lease._check_payload_size(q, bytes);
+    RETURN true;
 END
 $$;
 
 COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
 $$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
 is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
-Errors: 22004 an argument NULL; 22023 patch is not a JSON object; 42501 the row's queue is restricted
+Errors: 22004 an argument NULL; 22023 patch is not a JSON object, or the payload would grow over the
+queue's max_payload_bytes; 42501 the row's queue is restricted
 and the caller may not work it.$$;
 
 CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
@@ -882,78 +940,7 @@ your tables.
 Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
 and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease.create_queue(
-    name           text,
-    max_attempts   integer  DEFAULT 25,
-    backoff_base   interval DEFAULT '1 second',
-    backoff_max    interval DEFAULT '1 hour',
-    retention      interval DEFAULT '0',
-    dead_retention interval DEFAULT '7 days',
-    jitter         text     DEFAULT 'full',
-    concurrency    integer  DEFAULT NULL
-) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM lease.checked_not_null(name, 'name');
-    IF name = '' OR length(name) > 128 THEN
-        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
-        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- By value (see lease.valid_span): what these add to a timestamp must
-    -- stay far from overflow, whatever units they were written in.
-    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
-            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
-            lease.checked_span(retention, interval '36500 days', 'retention'),
-            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
-    IF jitter IS NULL OR jitter NOT IN ('full', 'none') THEN
-        RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF concurrency NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
-        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
 
-    -- Create or reconfigure: every replica can call this at start-up.
-    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
-                                  concurrency)
-    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
-            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
-            create_queue.concurrency)
-    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
-        SET max_attempts   = EXCLUDED.max_attempts,
-            backoff_base   = EXCLUDED.backoff_base,
-            backoff_max    = EXCLUDED.backoff_max,
-            retention      = EXCLUDED.retention,
-            dead_retention = EXCLUDED.dead_retention,
-            jitter         = EXCLUDED.jitter,
-            concurrency    = EXCLUDED.concurrency;
-    -- A raised (or removed) limit admits held rows now.
-    PERFORM lease._top_up_slots(name);
-END
-$$;
-
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer) IS
-$$Creates queue NAME, or updates the policy of an existing one.
-max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
-backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
-jitter: 'full' (default) makes each retry delay uniform in [0, that delay), so rows that failed together do
-not come back together; 'none' keeps it exact.
-retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
-Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
-concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
-1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
-admits held rows at once; lowering it admits no more until the key is below the new limit.
-Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -979,7 +966,23 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text) RETURNS text
+CREATE OR REPLACE FUNCTION lease._check_payload_size(q lease.queue, payload_bytes bigint) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF payload_bytes > q.max_payload_bytes THEN
+        RAISE EXCEPTION 'a payload of % bytes is over the limit of queue "%" (% bytes)',
+                        payload_bytes, q.name, q.max_payload_bytes
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Keep large data elsewhere and pass a reference, or raise the limit with lease.create_queue(..., max_payload_bytes => ...).';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_payload_size(lease.queue, bigint) IS
+    'Internal: raises 22023 if PAYLOAD_BYTES is over the max_payload_bytes of queue Q.';
+
+CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text, payload_bytes bigint) RETURNS text
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -999,12 +1002,15 @@ BEGIN
     IF q.restricted THEN
         PERFORM lease._check_access(queue, '{produce}');
     END IF;
+    PERFORM lease._check_payload_size(q, payload_bytes);
     RETURN queue;
 END
 $$;
 
-COMMENT ON FUNCTION lease._checked_producer_queue(text) IS
-    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it.';
+COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
+    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
+
+
 
 CREATE OR REPLACE FUNCTION lease.enqueue(
     queue    text,
@@ -1019,8 +1025,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
     p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    q  constant text := lease._checked_producer_queue(queue, pg_column_size(p));
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
@@ -1078,8 +1084,8 @@ With a concurrency_key (the queue needs a concurrency limit k, see lease.create_
 that key are admitted at once; the others are held, never claimed, until an admitted one ends (done,
 dead, cancelled) and gives up its slot (highest priority, then oldest, first). A retry or expiry keeps the
 slot, so k = 1 runs a key's rows one at a time, in order.
-A row claimable at once sends NOTIFY pg_lease_ready with the queue name as payload, on commit.
-Errors: 22004 queue or payload NULL; 22023 run_at infinite; 42704 no such queue; 42809 the queue is
+A row claimable at once sends a NOTIFY on the queue's channel (lease.ready_channel), on commit.
+Errors: 22004 queue or payload NULL; 22023 run_at infinite, or payload over the queue's max_payload_bytes; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
 not produce into it; 22023 concurrency_key empty or over 256 characters, or the queue has no concurrency
 limit; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
@@ -1099,8 +1105,9 @@ AS $$
 -- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    q  constant text := lease._checked_producer_queue(queue);
     n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    q  constant text := lease._checked_producer_queue(queue, (SELECT max(pg_column_size(u.p))
+                                                                FROM unnest(payloads) AS u(p)));
     r  constant timestamptz := lease.checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
@@ -1170,8 +1177,8 @@ $$Adds many rows to QUEUE in one statement and returns their ids in input order.
 keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue;
 concurrency_keys (same shape) give rows a concurrency_key as in lease.enqueue.
 Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys length differs, a
-concurrency key invalid or the queue without a concurrency limit, more than 100000 rows or run_at
-infinite; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
+concurrency key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
+infinite or a payload over the queue's max_payload_bytes; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1183,9 +1190,7 @@ DECLARE
     ck text;
     was_held boolean;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}'),
-            -- A cancel written back to the table row: that row first.
-            lease._lock_attached_rows(ARRAY[id], true);
+    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
@@ -1401,10 +1406,6 @@ BEGIN
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ARRAY[id], '{work}');
     END IF;
-    -- An outcome written back to a table row: that row first (outcome.sql).
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._lock_attached_rows(ARRAY[id], true);
-    END IF;
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
@@ -1498,9 +1499,6 @@ BEGIN
     PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ids, '{work}');
-    END IF;
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._lock_attached_rows(ids, true);
     END IF;
     IF oc = 'done' THEN
         WITH deleted AS (
@@ -1638,11 +1636,6 @@ BEGIN
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
-    END IF;
-    -- The reaper runs no user SQL, so expired leases of a table with
-    -- on_dead/on_cancel are recovered here, in a worker's session.
-    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = q AND a.outcome_function IS NOT NULL) THEN
-        PERFORM lease._reap_with_outcomes(q, n);
     END IF;
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
@@ -2200,7 +2193,8 @@ $$Internal part of lease.detach that needs the extension owner's rights: removes
 and its rows. Granted to lease_admin because lease.detach runs as its caller; refuses (42501) unless the
 calling role owns the table.$$;
 
-CREATE FUNCTION lease._delete_queue(queue text) RETURNS bigint
+
+CREATE OR REPLACE FUNCTION lease._delete_queue(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -2315,22 +2309,182 @@ CREATE OR REPLACE FUNCTION lease._job_finished() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    fn constant regproc := lease._outcome_function(NEW.queue);
 BEGIN
-    IF fn IS NOT NULL THEN
-        EXECUTE format('SELECT %s($1, $2)', fn) USING NEW.key, NEW.state::text;
+    IF EXISTS (SELECT FROM lease.attachment a WHERE a.queue = NEW.queue AND a.outcome_function IS NOT NULL) THEN
+        INSERT INTO lease.write_back (queue, key, outcome) VALUES (NEW.queue, NEW.key, NEW.state);
+        PERFORM lease._reaper_touch();
     END IF;
     RETURN NULL;
 END
 $$;
 
 COMMENT ON FUNCTION lease._job_finished() IS
-    'Internal trigger function on lease.job: a row of an attached table with on_dead/on_cancel that became dead or cancelled gets its SET list applied to the table row.';
+    'Internal trigger function on lease.job: records the write-back of a row of an attached table with on_dead/on_cancel that became dead or cancelled.';
 
-CREATE OR REPLACE FUNCTION lease._lock_attached_rows(ids bigint[], outcome_only boolean DEFAULT false,
-                                          skip_locked boolean DEFAULT false)
-RETURNS bigint[]
+CREATE OR REPLACE FUNCTION lease._write_back_owner(invoker name) RETURNS oid
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF invoker IS DISTINCT FROM session_user OR current_setting('role') <> 'none' THEN
+        RAISE EXCEPTION 'write-backs are applied only in a session that logged in as the table''s owner'
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = format('Session user "%s", acting as "%s".', session_user, invoker),
+                  HINT = 'Connect as the owner of the attached table, without SET ROLE.';
+    END IF;
+    RETURN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user);
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_owner(name) IS
+    'Internal: the oid of the session user if INVOKER (the current_user of lease.apply_write_backs) is that user and no SET ROLE is in force; else 42501.';
+
+CREATE OR REPLACE FUNCTION lease._take_write_backs(invoker name, max_rows integer) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+    n constant integer := lease.checked_limit(max_rows);
+BEGIN
+    RETURN QUERY
+    UPDATE lease.write_back w
+       SET attempts = w.attempts + 1,
+           next_try_at = clock_timestamp() + lease.backoff(w.attempts + 1, '1 second', '10 minutes')
+     WHERE w.id = ANY (ARRAY(SELECT d.id
+                               FROM lease.write_back d
+                               JOIN lease.attachment a ON a.queue = d.queue
+                               JOIN pg_class c ON c.oid = a.rel
+                              WHERE c.relowner = owner AND d.next_try_at <= clock_timestamp()
+                              ORDER BY d.next_try_at, d.id
+                              LIMIT n
+                                FOR UPDATE OF d SKIP LOCKED))
+    RETURNING w.id;
+END
+$$;
+
+COMMENT ON FUNCTION lease._take_write_backs(name, integer) IS
+    'Internal part of lease.apply_write_backs: locks up to MAX_ROWS due write-backs of tables the session user owns, counts an attempt on each and returns their ids.';
+
+CREATE OR REPLACE FUNCTION lease._apply_write_back(invoker name, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+    w lease.write_back;
+    target record;
+    fn regproc;
+BEGIN
+    SELECT * INTO w FROM lease.write_back b WHERE b.id = _apply_write_back.id;
+    SELECT a.rel, c.relowner, format_type(k.atttypid, NULL) AS key_type,
+           lease._attached_key_column(a.queue, a.rel) AS key_col
+      INTO target
+      FROM lease.attachment a
+      JOIN pg_class c ON c.oid = a.rel
+      JOIN pg_attribute k ON k.attrelid = a.rel AND k.attnum = a.key_attnum
+     WHERE a.queue = w.queue;
+    IF w.id IS NULL OR target.rel IS NULL THEN
+        RETURN false;
+    END IF;
+    IF target.relowner <> owner THEN
+        RAISE EXCEPTION 'write-back % is for table %, which role "%" does not own', id, target.rel, session_user
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    fn := lease._outcome_function(w.queue);
+    -- The key type is one attach supports, so = and the cast are built in.
+    IF target.key_col IS NOT NULL THEN
+        EXECUTE format('SELECT FROM %s t WHERE t.%I = $1::%s FOR NO KEY UPDATE',
+                       target.rel, target.key_col, target.key_type)
+          USING w.key;
+    END IF;
+    PERFORM FROM lease.job j WHERE j.queue = w.queue AND j.key = w.key FOR SHARE;
+    -- Work again under this key (requeued, or a new row) is not undone.
+    IF fn IS NULL OR EXISTS (SELECT FROM lease.job j
+                              WHERE j.queue = w.queue AND j.key = w.key AND j.state IN ('pending', 'leased')) THEN
+        DELETE FROM lease.write_back b WHERE b.id = w.id;
+        RETURN false;
+    END IF;
+    EXECUTE format('SELECT %s($1, $2)', fn) USING w.key, w.outcome::text;
+    DELETE FROM lease.write_back b WHERE b.id = w.id;
+    RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION lease._apply_write_back(name, bigint) IS
+$$Internal part of lease.apply_write_backs: applies write-back ID (the table owner's on_dead/on_cancel function,
+to the row if it still matches) and deletes it; deletes it unapplied if its key has work again. 42501 unless
+the session user owns the table and acts as itself.$$;
+
+CREATE OR REPLACE FUNCTION lease._write_back_failed(invoker name, id bigint, error text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+BEGIN
+    UPDATE lease.write_back w SET last_error = left(error, 2000)
+     WHERE w.id = _write_back_failed.id
+       AND EXISTS (SELECT FROM lease.attachment a JOIN pg_class c ON c.oid = a.rel
+                    WHERE a.queue = w.queue AND c.relowner = owner);
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_failed(name, bigint, text) IS
+    'Internal part of lease.apply_write_backs: records ERROR on write-back ID of a table the session user owns.';
+
+CREATE OR REPLACE FUNCTION lease.apply_write_backs(max_rows integer DEFAULT 100) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    me constant name := current_user;
+    w bigint;
+    handled integer := 0;
+    problem text;
+BEGIN
+    FOR w IN SELECT * FROM lease._take_write_backs(me, max_rows) LOOP
+        BEGIN
+            PERFORM lease._apply_write_back(me, w);
+            SET CONSTRAINTS ALL IMMEDIATE;
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+            PERFORM lease._write_back_failed(me, w, format('%s: %s', SQLSTATE, problem));
+        END;
+        handled := handled + 1;
+    END LOOP;
+    RETURN handled;
+END
+$$;
+
+COMMENT ON FUNCTION lease.apply_write_backs(integer) IS
+$$Applies up to MAX_ROWS due on_dead/on_cancel write-backs (see lease.attach) of the tables the session user
+owns and returns how many it handled. Each runs in a subtransaction of its own, with the deferred constraints of
+its UPDATE checked at once; one that fails keeps its error (lease.write_backs) and is tried again after a
+backoff (1 s, doubling to 10 min). With the library a background worker calls it as each table's owner; without
+it, call it as the owner from a scheduler (pg_cron, or the client's Sweeper connected as the owner). It must run
+in a session that logged in as the owner, without SET ROLE: the owner's code never runs in another role's
+session. Leaves SET CONSTRAINTS ALL IMMEDIATE in force for the rest of the transaction.
+Errors: 42501 called under SET ROLE or from another role's function; 22004/22023 max_rows NULL or outside
+1..10000.$$;
+
+CREATE OR REPLACE FUNCTION lease._write_back_owners() RETURNS SETOF oid
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT DISTINCT c.relowner
+      FROM lease.write_back w
+      JOIN lease.attachment a ON a.queue = w.queue
+      JOIN pg_class c ON c.oid = a.rel
+     WHERE w.next_try_at <= clock_timestamp()
+       AND has_schema_privilege(c.relowner, 'lease', 'USAGE')
+       AND has_function_privilege(c.relowner, 'lease.apply_write_backs(integer)', 'EXECUTE');
+END;
+
+COMMENT ON FUNCTION lease._write_back_owners() IS
+    'Internal: the roles that own attached tables with due write-backs and may apply them (lease.apply_write_backs).';
+
+CREATE OR REPLACE FUNCTION lease._lock_attached_rows(ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -2344,14 +2498,14 @@ BEGIN
           FROM lease.job j
           JOIN lease.attachment a ON a.queue = j.queue
           JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
-         WHERE j.id = ANY (ids) AND (NOT outcome_only OR a.outcome_function IS NOT NULL)
+         WHERE j.id = ANY (ids)
            AND c.attname = lease._attached_key_column(a.queue, a.rel)
          GROUP BY a.queue, a.rel, c.attname, c.atttypid
     LOOP
         -- The key type is one attach supports, so = and the cast are built in.
         EXECUTE format('SELECT array_agg(l.k) FROM (SELECT t.%1$I::text AS k FROM %2$s t WHERE t.%1$I = ANY ($1::%3$s[])
-                         ORDER BY t.%1$I FOR NO KEY UPDATE %4$s) l',
-                       target.attname, target.rel, target.type, CASE WHEN skip_locked THEN 'SKIP LOCKED' END)
+                         ORDER BY t.%1$I FOR NO KEY UPDATE) l',
+                       target.attname, target.rel, target.type)
           INTO locked_keys USING target.keys;
         locked := locked || ARRAY(SELECT j.id FROM lease.job j
                                    WHERE j.queue = target.queue AND j.key = ANY (locked_keys) AND j.id = ANY (ids));
@@ -2360,31 +2514,13 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._lock_attached_rows(bigint[], boolean, boolean) IS
-$$Internal: locks the table rows of the attached-table rows among IDS (with OUTCOME_ONLY, only of tables with
-on_dead/on_cancel) FOR NO KEY UPDATE in key order, SKIP LOCKED if asked; returns the ids whose table rows are
-now locked. The lock order of lease.fence: table row, then lease row.$$;
+COMMENT ON FUNCTION lease._lock_attached_rows(bigint[]) IS
+$$Internal: locks the table rows of the attached-table rows among IDS FOR NO KEY UPDATE, in key order; returns
+the ids whose table rows are now locked. The lock order of lease.fence: table row, then lease row.$$;
 
-CREATE OR REPLACE FUNCTION lease._reap_with_outcomes(queue text, max_rows integer) RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    ids bigint[];
-BEGIN
-    ids := ARRAY(SELECT j.id FROM lease.job j
-                  WHERE j.queue = _reap_with_outcomes.queue AND j.state = 'leased'
-                    AND j.lease_until <= clock_timestamp()
-                  ORDER BY j.lease_until LIMIT max_rows);
-    IF cardinality(ids) > 0 THEN
-        PERFORM lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled)
-           FROM lease._reap(max_rows, _reap_with_outcomes.queue, lease._lock_attached_rows(ids, true, true)) r;
-    END IF;
-END
-$$;
 
-COMMENT ON FUNCTION lease._reap_with_outcomes(text, integer) IS
-    'Internal: reaps up to MAX_ROWS expired leases of QUEUE, an attached table with on_dead/on_cancel, table rows locked first; called by claim_pending.';
+
+
 
 COMMENT ON FUNCTION lease._cron_next(text, double precision) IS
 $$Internal (lease.schedule): the first time strictly after AFTER (Unix epoch seconds, UTC) that the cron
@@ -2448,8 +2584,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n constant text := lease.checked_not_null(name, 'name');
-    q constant text := lease._checked_producer_queue(queue);
     p constant jsonb := lease.checked_not_null(payload, 'payload');
+    q constant text := lease._checked_producer_queue(queue, pg_column_size(p));
     t constant timestamptz := clock_timestamp();
     first timestamptz;
 BEGIN
@@ -2676,10 +2812,7 @@ Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 CREATE OR REPLACE FUNCTION lease._next_sweep_due() RETURNS timestamptz
 LANGUAGE sql STABLE
 RETURN least(
-    (SELECT min(j.lease_until) FROM lease.job j
-      WHERE j.state = 'leased'
-        -- Claims reap these (outcome.sql), not the reaper.
-        AND NOT EXISTS (SELECT FROM lease.attachment a WHERE a.queue = j.queue AND a.outcome_function IS NOT NULL)),
+    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
     -- Per queue, so that it costs O(queues); either retention bounds it.
     (SELECT min(f.first + least(q.retention, q.dead_retention))
        FROM lease.queue q
@@ -2687,10 +2820,11 @@ RETURN least(
                              FROM lease.job j
                             WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
       WHERE NOT q.attached),
-    (SELECT min(s.next_at) FROM lease.schedule s));
+    (SELECT min(s.next_at) FROM lease.schedule s),
+    (SELECT min(w.next_try_at) FROM lease.write_back w));
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry); NULL if none until something changes.';
 
 CREATE OR REPLACE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
@@ -2707,6 +2841,88 @@ COMMENT ON FUNCTION lease._reaper_touch(bigint) IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
 have work for it (claims, cancels and schedules call it), counting ROWS claimed so that a burst wakes
 the reaper at once; does nothing where pg_lease is not preloaded.$$;
+
+CREATE OR REPLACE FUNCTION lease.create_queue(
+    name           text,
+    max_attempts   integer  DEFAULT 25,
+    backoff_base   interval DEFAULT '1 second',
+    backoff_max    interval DEFAULT '1 hour',
+    retention      interval DEFAULT '0',
+    dead_retention interval DEFAULT '7 days',
+    jitter         text     DEFAULT 'full',
+    concurrency    integer  DEFAULT NULL,
+    max_payload_bytes integer DEFAULT 1048576
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease.checked_not_null(name, 'name');
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- By value (see lease.valid_span): what these add to a timestamp must
+    -- stay far from overflow, whatever units they were written in.
+    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
+            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
+            lease.checked_span(retention, interval '36500 days', 'retention'),
+            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    IF jitter IS NULL OR jitter NOT IN ('full', 'none') THEN
+        RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_payload_bytes IS NULL OR max_payload_bytes NOT BETWEEN 1 AND 268435455 THEN
+        RAISE EXCEPTION 'max_payload_bytes must be between 1 and 268435455 (got %)', max_payload_bytes
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concurrency NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
+        RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Create or reconfigure: every replica can call this at start-up.
+    INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
+                                  concurrency, max_payload_bytes)
+    VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
+            create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
+            create_queue.concurrency, create_queue.max_payload_bytes)
+    ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
+        SET max_attempts   = EXCLUDED.max_attempts,
+            backoff_base   = EXCLUDED.backoff_base,
+            backoff_max    = EXCLUDED.backoff_max,
+            retention      = EXCLUDED.retention,
+            dead_retention = EXCLUDED.dead_retention,
+            jitter         = EXCLUDED.jitter,
+            concurrency    = EXCLUDED.concurrency,
+            max_payload_bytes = EXCLUDED.max_payload_bytes;
+    -- A raised (or removed) limit admits held rows now.
+    PERFORM lease._top_up_slots(name);
+END
+$$;
+
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer) IS
+$$Creates queue NAME, or updates the policy of an existing one.
+max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
+backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
+jitter: 'full' (default) makes each retry delay uniform in [0, that delay), so rows that failed together do
+not come back together; 'none' keeps it exact.
+retention: how long done rows are kept (0 = deleted at release). dead_retention: same for dead and cancelled rows.
+Both at most 36500 days. Intervals are judged by the time they add and may not have a month part.
+concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
+1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
+admits held rows at once; lowering it admits no more until the key is below the new limit.
+max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, as stored jsonb
+(pg_column_size), 1..268435455; default 1 MiB.
+Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
+
 COMMENT ON TYPE lease.renewal IS
     'Result of lease.renew: held = false means the lease is lost (expired, taken over or released) and nothing changed; NULL (renew_batch only) that the row was locked by another transaction and not extended this time.';
 
@@ -2746,6 +2962,7 @@ $$lease.release_batch(IDS, OWNER, EPOCHS) with outcome 'done', then lease.claim_
 OWNER, QUEUE), in one statement: first one row per element of IDS, in order, with RELEASED set and the
 claim columns NULL; then one row per claimed row (of QUEUE), with RELEASED NULL. LIMIT 0 only releases.
 Errors: those of the two functions.$$;
+
 
 
 CREATE OR REPLACE FUNCTION lease._count(
@@ -3175,6 +3392,15 @@ SELECT q.name AS queue,
 COMMENT ON VIEW lease.queue_stats IS
     'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
 
+CREATE OR REPLACE VIEW lease.write_backs AS
+SELECT w.id, w.queue, a.rel AS "table", w.key, w.outcome, w.created_at, w.attempts, w.next_try_at, w.last_error
+  FROM lease.write_back w
+  JOIN lease.attachment a ON a.queue = w.queue;
+
+COMMENT ON VIEW lease.write_backs IS
+$$on_dead/on_cancel write-backs recorded and not yet applied to their table rows (lease.apply_write_backs): the
+row's key, the outcome, attempts so far, when the next is due and the last one's error.$$;
+
 CREATE OR REPLACE FUNCTION lease.wake(queue text, added integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -3184,10 +3410,14 @@ BEGIN
                  WHERE j.queue = wake.queue AND j.state = 'pending' AND NOT j.held
                    AND j.next_at <= clock_timestamp()
                  LIMIT added + 1) AS ready) <= added THEN
-        PERFORM pg_notify('pg_lease_ready', queue);
+        PERFORM pg_notify(lease._ready_channel(queue), '');
     END IF;
 END
 $$;
+
+COMMENT ON FUNCTION lease.wake(text, integer) IS
+$$Internal: sends a NOTIFY on QUEUE's channel (lease.ready_channel) unless QUEUE had ready rows besides the
+ADDED ones the caller just inserted.$$;
 
 -- The attached tables' triggers, for the new trigger function -----------------
 
@@ -3221,6 +3451,7 @@ EXECUTE FUNCTION lease._remember_named_epochs();
 
 REVOKE ALL ON ALL TABLES IN SCHEMA lease FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA lease FROM PUBLIC;
 REVOKE SELECT ON lease.attachment FROM lease_worker;
 
 GRANT EXECUTE ON FUNCTION
@@ -3228,13 +3459,18 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.release_named(text[], text, bigint[]),
-    lease.cancel_key(text, text)
+    lease.cancel_key(text, text),
+    lease.ready_channel(text),
+    lease.apply_write_backs(integer),
+    lease._take_write_backs(name, integer),
+    lease._apply_write_back(name, bigint),
+    lease._write_back_failed(name, bigint, text)
 TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
-    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer),
     lease.requeue(bigint),
     lease.recount(),
     lease.reap(integer),
@@ -3254,7 +3490,8 @@ GRANT EXECUTE ON FUNCTION
     lease._queue_head(text)
 TO lease_admin;
 
-GRANT SELECT ON lease.metrics, lease.reaper_stats, lease.queue_grant, lease.attachment, lease.schedule TO lease_admin;
+GRANT SELECT ON lease.metrics, lease.reaper_stats, lease.write_backs, lease.queue_grant, lease.attachment, lease.schedule
+TO lease_admin;
 
 SELECT pg_catalog.pg_extension_config_dump('lease.queue', $$WHERE name <> 'default'$$);
 SELECT pg_catalog.pg_extension_config_dump('lease.queue_grant', '');

@@ -18,6 +18,7 @@ pub mod shared;
 pub mod statement;
 pub mod sweeper;
 pub mod vacuum;
+pub mod write_back;
 
 ::pgrx::pg_module_magic!();
 
@@ -31,7 +32,11 @@ pgrx::extension_sql_file!(
     name = "transition",
     requires = ["schema"]
 );
-pgrx::extension_sql_file!("../../sql/wake.sql", name = "wake", requires = ["schema"]);
+pgrx::extension_sql_file!(
+    "../../sql/wake.sql",
+    name = "wake",
+    requires = ["schema", "check", "access"]
+);
 pgrx::extension_sql_file!("../../sql/head.sql", name = "head", requires = ["schema"]);
 pgrx::extension_sql_file!(
     "../../sql/access.sql",
@@ -58,13 +63,14 @@ pgrx::extension_sql_file!(
         "transition",
         "concurrency",
         "metrics",
+        "wake",
         epoch::epoch_floor
     ]
 );
 pgrx::extension_sql_file!(
     "../../sql/outcome.sql",
     name = "outcome",
-    requires = ["schema", "reap"]
+    requires = ["schema", "check", "transition", shared::reaper_touch]
 );
 pgrx::extension_sql_file!(
     "../../sql/queue.sql",
@@ -76,7 +82,6 @@ pgrx::extension_sql_file!(
         "concurrency",
         "head",
         "metrics",
-        "outcome",
         "wake",
         shared::reaper_touch
     ]
@@ -91,8 +96,7 @@ pgrx::extension_sql_file!(
         "access",
         "concurrency",
         "head",
-        "metrics",
-        "outcome"
+        "metrics"
     ]
 );
 pgrx::extension_sql_file!(
@@ -105,7 +109,6 @@ pgrx::extension_sql_file!(
         "head",
         "lease",
         "metrics",
-        "outcome",
         epoch::epoch_floor,
         shared::reaper_touch,
         statement::own_transaction
@@ -114,7 +117,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/fence.sql",
     name = "fence",
-    requires = ["schema", "check", "access", "outcome"]
+    requires = ["schema", "check", "access", "outcome", "queue"]
 );
 pgrx::extension_sql_file!(
     "../../sql/named.sql",
@@ -150,13 +153,14 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
-    requires = ["schema", "check", "head", "metrics", "reap", "schedule"]
+    requires = ["schema", "check", "head", "metrics", "outcome", "reap", "schedule"]
 );
 pgrx::extension_sql_file!(
     "../../sql/views.sql",
     name = "views",
     requires = [
         "schema",
+        "outcome",
         "sweep",
         shared::reaper_slot_shortages,
         shared::reaper_last_slot_shortage

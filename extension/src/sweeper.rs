@@ -5,7 +5,7 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags
 use pgrx::prelude::*;
 
 use crate::shared::{self, Verdict};
-use crate::{settings, vacuum};
+use crate::{settings, vacuum, write_back};
 
 /// `backend_type` of a sweeper in `pg_stat_activity`.
 pub const SWEEPER_TYPE: &str = "pg_lease sweeper";
@@ -63,6 +63,10 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
             Batch::Full | Batch::Partial => break,
             Batch::Skipped => return,
         }
+    }
+    // Each owner's write-backs in a worker of its own, not waited for.
+    for owner in write_back::owners_due() {
+        write_back::start(oid, &owner);
     }
     // Last, so that a vacuum that fails cannot cost the sweep its verdict.
     let before = vacuum::Mark::decode(BackgroundWorker::get_extra());

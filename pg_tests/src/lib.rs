@@ -662,7 +662,9 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    fn conn_string_as(&self, db: &str, user: &str) -> String {
+    /// libpq connection string for database `db` as role `user`, for tests
+    /// that need the connection itself (its notifications).
+    pub fn conn_string_as(&self, db: &str, user: &str) -> String {
         format!(
             "host=127.0.0.1 port={} user={} dbname={}",
             self.port,
@@ -1007,8 +1009,8 @@ fn conn_value(value: &str) -> String {
     format!("'{escaped}'")
 }
 
-/// SQL mode's stand-in for the reaper: `lease.sweep()` every `every` as the
-/// test role, on a connection of its own (opened again after a restart),
+/// SQL mode's stand-in for the reaper: `lease.sweep()` and
+/// `lease.apply_write_backs()` every `every` as the test role, on a connection of its own (opened again after a restart),
 /// until the flag is set.
 fn spawn_sweeper(conn: String, every: Duration) -> (Arc<AtomicBool>, thread::JoinHandle<()>) {
     let stop = Arc::new(AtomicBool::new(false));
@@ -1034,8 +1036,12 @@ fn spawn_sweeper(conn: String, every: Duration) -> (Arc<AtomicBool>, thread::Joi
                     };
                 }
                 if let Some(c) = &client {
-                    // A failed sweep is retried at the next tick, as the reaper would.
-                    let _ = c.batch_execute("SELECT lease.sweep()").await;
+                    // A failed sweep is retried at the next tick, as the
+                    // reaper would; then the write-backs of the tables the
+                    // test role owns, as the reaper's write-back worker would.
+                    let _ = c
+                        .batch_execute("SELECT lease.sweep(); SELECT lease.apply_write_backs()")
+                        .await;
                 }
                 tokio::time::sleep(every).await;
             }

@@ -1,5 +1,9 @@
 //! An attached row's outcome written back to its table row: `attach(...,
-//! on_dead => ..., on_cancel => ...)`.
+//! on_dead => ..., on_cancel => ...)`. The transaction that ends a row only
+//! records the write-back; these clusters run no background worker, so the
+//! tests apply write-backs as the table's owner (`lease.apply_write_backs`),
+//! as the worker or the owner's scheduler would. Where write-backs run, and
+//! as whom, is tested in `security_write_backs.rs`.
 //!
 //! Before this, dead letters and cancels of attached rows were never
 //! reflected in the domain (the application polled admin views to move
@@ -70,7 +74,12 @@ async fn claim_any(pg: &Client) -> usize {
     .len()
 }
 
+/// The status of `key` once the due write-backs are applied; `pg` must be
+/// connected as the table's owner.
 async fn status(pg: &Client, key: &str) -> String {
+    pg.batch_execute("SELECT lease.apply_write_backs()")
+        .await
+        .expect("apply write-backs");
     scalar(pg, &format!("SELECT status FROM items WHERE id = '{key}'")).await
 }
 
@@ -79,11 +88,11 @@ async fn lease_rows(pg: &Client) -> i64 {
 }
 
 /// Every way an attached row becomes a dead letter or cancelled shows in
-/// its table row, in the same transaction, and the lease row goes with it
-/// (the table row left the predicate): `fail`, a retry past max_attempts,
-/// `done` while the row still matched, a cancel of a pending row by key, a
-/// cancel of a leased row ended by the holder's retry, and a last expiry,
-/// which the next claim recovers (the reaper leaves such queues alone).
+/// its table row once the write-back is applied, and the lease row goes
+/// with it (the table row left the predicate): `fail`, a retry past
+/// max_attempts, `done` while the row still matched, a cancel of a pending
+/// row by key, a cancel of a leased row ended by the holder's retry, and a
+/// last expiry, which a sweep recovers like any other.
 ///
 /// Broken on purpose: with the `pg_lease_outcome` trigger on lease.job
 /// dropped, the rows stayed `validating` and the first assertion failed.
@@ -145,13 +154,11 @@ async fn dead_letters_and_cancels_are_written_back_to_the_table() {
         .expect("retry after cancel");
     assert_eq!(status(&pg, "leased").await, "cancelled");
 
-    // The last attempt expires. A sweep (what the reaper runs) leaves it;
-    // the next claim on the queue dead-letters it and writes it back.
+    // Both attempts expire; the sweep (what the reaper runs) recovers each,
+    // the second as a dead letter.
     for attempt in 0..2 {
         if attempt > 0 {
-            // This claim recovers the expiry (back to pending after a 10 ms
-            // backoff) and finds nothing eligible yet.
-            assert_eq!(claim_any(&pg).await, 0);
+            // Past the 10 ms backoff of the first expiry.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         claim(&pg, "expired", "100 milliseconds").await;
@@ -164,7 +171,7 @@ async fn dead_letters_and_cancels_are_written_back_to_the_table() {
             "SELECT count(*) FROM lease.job WHERE queue = 'items' AND state = 'leased'",
         )
         .await;
-        assert_eq!(leased, 1, "the reaper does not recover it");
+        assert_eq!(leased, 0, "the sweep recovers it");
     }
     assert_eq!(claim_any(&pg).await, 0);
     assert_eq!(status(&pg, "expired").await, "failed");
@@ -216,13 +223,13 @@ async fn claims_and_renewals_do_not_reach_the_outcome_trigger() {
 }
 
 /// The holder dead-letters a row while an acknowledgement consumer, which
-/// already holds the table row, moves it on: the holder's release waits
-/// for the table row, finds the lease gone and reports it lost. 10 rounds,
-/// no 40P01, and the consumer's status wins.
+/// already holds the table row, moves it on: the release touches only the
+/// lease row, so it neither waits nor deadlocks, and the write-back it
+/// recorded finds the row out of the predicate and leaves the consumer's
+/// status. 10 rounds, no 40P01.
 ///
-/// Broken on purpose: with `release` not locking the table row first (its
-/// UPDATE locked the lease row, then the outcome trigger waited for the
-/// table row), every round died with 40P01.
+/// Broken on purpose (when the write-back ran inside the release): with
+/// `release` not locking the table row first, every round died with 40P01.
 #[tokio::test]
 async fn a_failing_release_and_a_consumer_never_deadlock() {
     let cluster = Cluster::start();
@@ -262,9 +269,8 @@ async fn a_failing_release_and_a_consumer_never_deadlock() {
             panic!("round {round}: consumer failed: {:?}", sqlstate(err));
         }
         let released = release.await.expect("join");
-        match released {
-            Ok(held) => assert!(!held, "round {round}: the lease ended with the row"),
-            Err(err) => panic!("round {round}: release failed: {:?}", sqlstate(&err)),
+        if let Err(err) = released {
+            panic!("round {round}: release failed: {:?}", sqlstate(&err));
         }
         assert_eq!(status(&pg, &key).await, "deleted");
     }
@@ -272,11 +278,13 @@ async fn a_failing_release_and_a_consumer_never_deadlock() {
 
 /// A tenant who owns an attached table cannot turn its outcome function
 /// into code that runs with the extension owner's rights: made SECURITY
-/// INVOKER (so that a worker's release, which runs as the extension owner,
-/// would run it as that), it is refused with 55000 and runs nowhere.
+/// INVOKER (so that it would run as whoever calls it), it is refused with
+/// 55000 where the write-back is applied, and runs nowhere; the worker's
+/// release only recorded the write-back.
 ///
 /// Broken on purpose: with `lease._outcome_function` not checking
-/// `prosecdef`, the worker's release made the tenant superuser.
+/// `prosecdef`, the worker's release made the tenant superuser (when the
+/// write-back ran inside the release).
 #[tokio::test]
 async fn a_tenant_cannot_make_its_outcome_function_run_as_the_extension() {
     let cluster = Cluster::start();
@@ -301,18 +309,24 @@ async fn a_tenant_cannot_make_its_outcome_function_run_as_the_extension() {
         .expect("tenant's own function");
     let worker = cluster.connect_to(TEST_DB, "worker").await;
     let (id, epoch) = claim(&worker, "x", "1 minute").await;
-    let err = worker
+    worker
         .execute("SELECT lease.release($1, 'a', $2, 'fail')", &[&id, &epoch])
         .await
-        .expect_err("refused");
-    assert_eq!(sqlstate(&err).as_deref(), Some("55000"), "{err:?}");
+        .expect("the release only records the write-back");
+    tenant
+        .batch_execute("SELECT lease.apply_write_backs()")
+        .await
+        .expect("apply");
+    let error: String = scalar(&su, "SELECT last_error FROM lease.write_backs").await;
+    assert!(error.starts_with("55000"), "{error}");
     let superuser: bool = scalar(
         &su,
         "SELECT rolsuper FROM pg_roles WHERE rolname = 'tenant'",
     )
     .await;
     assert!(!superuser);
-    assert_eq!(status(&su, "x").await, "validating", "nothing changed");
+    let status: String = scalar(&su, "SELECT status FROM items WHERE id = 'x'").await;
+    assert_eq!(status, "validating", "nothing changed");
     // Detach takes the function along.
     tenant
         .batch_execute("SELECT lease.detach('items')")

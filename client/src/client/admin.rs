@@ -58,6 +58,21 @@ impl Client {
         .await
     }
 
+    /// `lease.apply_write_backs`: applies up to `max_rows` due
+    /// `on_dead`/`on_cancel` write-backs of the attached tables that this
+    /// connection's login role owns (none if it owns none); returns how many
+    /// it handled. The [`Sweeper`](crate::Sweeper) calls it after each sweep,
+    /// for installs without the library, where no background worker does.
+    /// The connection must log in as the tables' owner (no `SET ROLE`).
+    pub async fn apply_write_backs(&self, max_rows: u32) -> Result<i32> {
+        let n = count_arg(max_rows, "max_rows")?;
+        self.call(|c| async move {
+            let row = c.query_one(Query::ApplyWriteBacks, &[&n]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
     /// `lease.purge`: deletes up to `max_rows` finished rows past their
     /// queue's retention; returns how many. Needs `lease_admin`.
     pub async fn purge(&self, max_rows: u32) -> Result<i64> {

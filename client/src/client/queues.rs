@@ -20,6 +20,7 @@ impl Client {
         let attempts = options.max_attempts;
         let jitter = if options.jitter { "full" } else { "none" };
         let concurrency = options.concurrency;
+        let max_payload = options.max_payload_bytes;
         self.call(|c| async move {
             c.query(
                 Query::CreateQueue,
@@ -32,6 +33,7 @@ impl Client {
                     &dead,
                     &jitter,
                     &concurrency,
+                    &max_payload,
                 ],
             )
             .await

@@ -44,6 +44,7 @@ pub(super) enum Query {
     Schedule,
     SweepFenced,
     Unschedule,
+    ApplyWriteBacks,
 }
 
 /// `$n` microseconds from now by the database clock, or NULL.
@@ -176,7 +177,7 @@ impl Query {
                 micros!("5"),
                 ", dead_retention => ",
                 micros!("6"),
-                ", jitter => $7::text, concurrency => $8::int)"
+                ", jitter => $7::text, concurrency => $8::int, max_payload_bytes => $9::int)"
             ),
             S::DropQueue => "SELECT lease.drop_queue(name => $1::text, force => $2::boolean)",
             S::Reap => concat!(
@@ -267,6 +268,7 @@ impl Query {
                 "lease.sweep(max_rows => $3::int) AS s"
             ),
             S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
+            S::ApplyWriteBacks => "SELECT lease.apply_write_backs(max_rows => $1::int)",
         }
     }
 }

@@ -56,8 +56,8 @@ pub struct WorkerConfig {
     /// came (the fallback when `LISTEN` is off or unavailable, and the
     /// pick-up delay of retries, which are not notified). Default 2 s.
     pub poll_interval: Duration,
-    /// Open a second connection that `LISTEN`s on [`READY_CHANNEL`] and
-    /// claim as soon as this queue is notified. Turn off behind a
+    /// Open a second connection that `LISTEN`s on the queue's channel
+    /// (`lease.ready_channel`) and claim as soon as it is notified. Turn off behind a
     /// transaction-mode pooler (notifications would not arrive; polling
     /// still works). While on, the worker's own connections (heartbeat,
     /// listener) carry `application_name` = `owner`. Default true. Needs a client with a

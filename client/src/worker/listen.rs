@@ -1,10 +1,14 @@
-//! Wake-ups: `LISTEN` on [`READY_CHANNEL`] for the worker's queue.
+//! Wake-ups: `LISTEN` on the worker's queue's channel.
+//!
+//! Each queue has a channel of its own whose name only roles that may work
+//! the queue can learn (`lease.ready_channel`); its notifications carry no
+//! payload.
 
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Ctx, READY_CHANNEL};
+use super::Ctx;
 use crate::error::Error;
 use crate::timing::Backoff;
 
@@ -24,20 +28,26 @@ pub(super) async fn listener(ctx: &Ctx, stop: &CancellationToken) {
         let started = Instant::now();
         let session = async {
             let mut connected = connector.open().await?;
-            let listen = format!("LISTEN {READY_CHANNEL}");
-            match tokio::time::timeout(
-                ctx.config.request_timeout,
-                connected.client.batch_execute(&listen),
-            )
-            .await
-            {
+            let client = &connected.client;
+            let channel = async {
+                let row = client
+                    .query_one("SELECT lease.ready_channel($1)", &[&ctx.config.queue])
+                    .await?;
+                let channel: String = row.try_get(0)?;
+                // The name is a hash of letters and digits; quoted all the same.
+                client
+                    .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+                    .await?;
+                Ok::<_, tokio_postgres::Error>(channel)
+            };
+            let channel = match tokio::time::timeout(ctx.config.request_timeout, channel).await {
                 Ok(result) => result.map_err(Error::from_pg)?,
                 Err(_) => return Err(Error::Timeout(ctx.config.request_timeout)),
-            }
+            };
             // Rows may have become ready while nobody listened.
             ctx.wake.notify_one();
             while let Some(n) = connected.notifications.recv().await {
-                if n.channel() == READY_CHANNEL && n.payload() == ctx.config.queue {
+                if n.channel() == channel {
                     ctx.wake.notify_one();
                 }
             }

@@ -37,10 +37,6 @@ use counters::Counters;
 use heartbeat::renewer;
 use listen::listener;
 
-/// The channel `lease.enqueue`, `lease.enqueue_batch` and `lease.reap`
-/// notify, with the queue name as payload, when rows become claimable.
-pub const READY_CHANNEL: &str = "pg_lease_ready";
-
 /// Most rows one claim or one batched call handles (the SQL functions'
 /// limit).
 const MAX_BATCH: usize = 10_000;
@@ -67,8 +63,8 @@ type HandlerFn = dyn Fn(Job) -> BoxFuture + Send + Sync;
 ///   until its outcome is recorded). With the default prefetch 0 a claim
 ///   asks only for free slots; with more, rows claimed ahead wait in claim
 ///   order, renewed like running ones, and go back at once on shutdown.
-/// * **Wake-ups.** A second connection `LISTEN`s on [`READY_CHANNEL`]; a
-///   notification for this queue triggers a claim at once. Without it (or
+/// * **Wake-ups.** A second connection `LISTEN`s on the queue's channel
+///   (`lease.ready_channel`); a notification triggers a claim at once. Without it (or
 ///   when it fails) the worker claims every
 ///   [`poll_interval`](WorkerConfig::poll_interval).
 /// * **Heartbeat.** Every [`renew_every`](WorkerConfig::renew_every), one
