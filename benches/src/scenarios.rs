@@ -543,7 +543,7 @@ impl Bench {
         let mut t = Table::new(
             "Enqueue, pgbench, 16 clients",
             "Time-based; one transaction per call. pg_lease's enqueue also sends \
-             `NOTIFY pg_lease_ready` when it makes the queue non-empty.",
+             a `NOTIFY` on the queue's channel when it makes the queue non-empty.",
             &["scenario", "transactions/s", "rows/s", "vs hand-written"],
         );
         let cases: [(&str, &'static str, &'static str, f64); 2] = [

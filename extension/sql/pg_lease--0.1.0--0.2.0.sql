@@ -2029,10 +2029,10 @@ row is written, as the writing role, so it must not depend on the time or on oth
 queue name. ORDER_BY names a column (time or integer) that claims follow, lowest first, within a
 priority (e.g. an SLO deadline); a change of it on a matching row moves the row in the order.
 ON_DEAD and ON_CANCEL are SET lists (e.g. 'status = ''FAILED'', error = now()::text') applied to the
-table row, if it still matches, in the transaction that makes its lease row a dead letter or cancelled;
-they run as the table's owner, in a function <table>_pg_lease_outcome that attach creates in the table's
-schema. With either, expired leases of the table are recovered by the next claim on the queue instead of
-the background reaper.
+table row, if it still matches, after its lease row became a dead letter or cancelled: that transaction
+records a write-back (lease.write_backs), which lease.apply_write_backs applies once, as the table's owner
+and only in a session of the owner's, in a function <table>_pg_lease_outcome that attach creates in the
+table's schema.
 The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL; 42703 no
 such order_by column; 0A000 order_by not a time or integer type;
 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
