@@ -10,6 +10,12 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
 fn parse(spec: &str) -> Result<Cron, String> {
+    // croner would read a seventh field as a year; the reference promises
+    // five or six.
+    let fields = spec.split_whitespace().count();
+    if !(5..=6).contains(&fields) {
+        return Err(format!("{fields} fields"));
+    }
     CronParser::builder()
         .seconds(Seconds::Optional)
         .build()

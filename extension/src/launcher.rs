@@ -203,14 +203,29 @@ impl Known {
     }
 
     /// How long to wait before the next pass: until the first churning
-    /// database's next look, else `lease.sweep_interval`.
+    /// database's next look or the first time a database has work due (a
+    /// schedule's next occurrence, a lease's expiry), if sooner than
+    /// `lease.sweep_interval`. Waking at the due time, not at the next
+    /// interval, is what makes a schedule's occurrences punctual.
     fn pause(&self) -> Duration {
-        let quick = self
+        let now = Instant::now();
+        let churning = self
             .databases
             .values()
             .filter(|k| k.churning())
-            .map(Knowledge::quick_wait)
-            .min();
+            .map(Knowledge::quick_wait);
+        // A due time already passed is a sweep that failed or is about to
+        // run: the next pass takes it, so it must not shorten the wait. Nor
+        // is a database looked at again within DUE_GAP of the last look,
+        // however close its due times lie.
+        let due = self
+            .databases
+            .values()
+            .filter(|k| k.installed)
+            .filter_map(|k| k.due_at.map(|t| t.max(k.checked_at + DUE_GAP)))
+            .filter(|t| *t > now)
+            .map(|t| t - now);
+        let quick = churning.chain(due).min();
         let interval = settings::sweep_interval();
         // At least a millisecond: a shorter wait rounds down to none, and a
         // look due in under a millisecond is not due yet.
@@ -295,6 +310,9 @@ fn instant_of(ms: u64) -> Instant {
         Err(_) => now,
     }
 }
+
+/// The least time between two looks at a database for its due work.
+const DUE_GAP: Duration = Duration::from_millis(100);
 
 /// How long after `CREATE EXTENSION` its database is looked at every pass.
 const EAGER_LOOK: Duration = Duration::from_secs(10);

@@ -98,6 +98,16 @@ mod tests {
                 "22023",
             ),
             ("SELECT lease.schedule('s', 'ticks', every => '0')", "22023"),
+            // Shorter than the reaper can honour.
+            (
+                "SELECT lease.schedule('s', 'ticks', every => '50 milliseconds')",
+                "22023",
+            ),
+            // A seventh field would be read as a year.
+            (
+                "SELECT lease.schedule('s', 'ticks', cron => '0 0 0 1 1 * 2030')",
+                "22023",
+            ),
             (
                 "SELECT lease.schedule('s', 'ticks', every => '1 month')",
                 "22023",
