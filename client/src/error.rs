@@ -110,6 +110,17 @@ impl Error {
         matches!(self, Error::Connection(_) | Error::Timeout(_))
     }
 
+    /// True when the server lost a statement the connection prepared
+    /// (26000) or already had one by its name (42P05): a transaction pooler
+    /// moved the connection. Nothing ran; a new connection prepares afresh.
+    pub fn is_stale_statement(&self) -> bool {
+        matches!(
+            self.sqlstate(),
+            Some(code) if code == SqlState::INVALID_SQL_STATEMENT_NAME.code()
+                || code == SqlState::DUPLICATE_PSTATEMENT.code()
+        )
+    }
+
     /// True for [`Error::InvalidInput`], [`Error::Payload`] and
     /// [`Error::PermissionDenied`]: retrying the same request will fail again.
     pub fn is_invalid_input(&self) -> bool {

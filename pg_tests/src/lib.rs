@@ -270,6 +270,38 @@ impl Cluster {
         client
     }
 
+    /// A connection to `db` as `user` that hands its notifications, as
+    /// (channel, payload), to the receiver returned beside it.
+    pub async fn listener(
+        &self,
+        db: &str,
+        user: &str,
+    ) -> (
+        tokio_postgres::Client,
+        tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    ) {
+        let conn_str = self.conn_string_as(db, user);
+        let (client, mut connection) =
+            match tokio_postgres::connect(&conn_str, tokio_postgres::NoTls).await {
+                Ok(pair) => pair,
+                Err(err) => panic!(
+                    "pg_tests: could not connect with \"{conn_str}\": {}",
+                    error_chain(&err)
+                ),
+            };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) =
+                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+            {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                    let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+                }
+            }
+        });
+        (client, rx)
+    }
+
     /// Contents of the server's `server.log`, for assertions on logged
     /// messages and for debugging; a placeholder text if it cannot be read.
     pub fn server_log(&self) -> String {

@@ -6,11 +6,10 @@
 //! here failed; with the launcher exiting with code 0 on SIGTERM (so the
 //! postmaster does not restart it), `a_terminated_launcher_comes_back` failed.
 
-use std::future::poll_fn;
 use std::time::Duration;
 
 use pg_tests::{eventually, scalar, Cluster, ClusterConfig, TEST_DB};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::Client;
 
 /// A cluster with the reaper on and sweeping every 100 ms.
 fn preloaded() -> Cluster {
@@ -249,17 +248,7 @@ async fn listeners_are_notified_when_expired_work_is_claimable_again() {
     let (cluster, client) = preloaded_with("SELECT lease.create_queue('wake', backoff_base => '0', backoff_max => '0'); SELECT lease.enqueue('wake', '{}')").await;
     let (id, _) = claim_one(&client, "wake", "300 milliseconds").await;
 
-    let (listener, mut connection) = tokio_postgres::connect(&cluster.conn_string(TEST_DB), NoTls)
-        .await
-        .expect("listener connection");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
-            if let AsyncMessage::Notification(n) = message {
-                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
-            }
-        }
-    });
+    let (listener, mut rx) = cluster.listener(TEST_DB, pg_tests::test_user()).await;
     let channel: String = scalar(&client, "SELECT lease.ready_channel('wake')").await;
     listener
         .batch_execute(&format!("LISTEN \"{channel}\""))

@@ -8,12 +8,10 @@
 //! where the write-back ran inside the transaction that ended the row; the
 //! finding is named in its doc comment.
 
-use std::future::poll_fn;
 use std::time::Duration;
 
 use pg_tests::{eventually, reaper_conf, scalar, sqlstate, Cluster, ClusterConfig, TEST_DB};
-use tokio::sync::mpsc::UnboundedReceiver;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::Client;
 
 /// A cluster whose reaper (and so its write-back workers) runs every 100 ms.
 fn preloaded() -> Cluster {
@@ -258,24 +256,6 @@ async fn write_backs_are_refused_under_set_role() {
     assert_eq!(waiting, 1);
 }
 
-/// A connection as `user` and the notifications it receives, as (channel,
-/// payload).
-async fn listen(cluster: &Cluster, user: &str) -> (Client, UnboundedReceiver<(String, String)>) {
-    let (client, mut connection) =
-        tokio_postgres::connect(&cluster.conn_string_as(TEST_DB, user), NoTls)
-            .await
-            .expect("listener");
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(Ok(message)) = poll_fn(|cx| connection.poll_message(cx)).await {
-            if let AsyncMessage::Notification(n) = message {
-                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
-            }
-        }
-    });
-    (client, rx)
-}
-
 /// Finding 4 (info): every role that could connect learnt restricted
 /// queues' names, and when work arrived in them, from `LISTEN
 /// pg_lease_ready`. Here each queue has its own channel, without payload,
@@ -295,7 +275,7 @@ async fn only_roles_that_may_work_a_queue_hear_of_its_work() {
     )
     .await
     .expect("roles");
-    let (nobody, mut heard_by_nobody) = listen(&cluster, "nobody").await;
+    let (nobody, mut heard_by_nobody) = cluster.listener(TEST_DB, "nobody").await;
     nobody
         .batch_execute("LISTEN pg_lease_ready")
         .await
@@ -320,7 +300,7 @@ async fn only_roles_that_may_work_a_queue_hear_of_its_work() {
         .expect_err("alice may not work qb");
     assert_eq!(sqlstate(&err).as_deref(), Some("42501"));
 
-    let (b, mut heard_by_b) = listen(&cluster, "b").await;
+    let (b, mut heard_by_b) = cluster.listener(TEST_DB, "b").await;
     let channel: String = scalar(&b, "SELECT lease.ready_channel('qb')").await;
     assert!(!channel.contains("qb"), "{channel}");
     b.batch_execute(&format!("LISTEN \"{channel}\""))

@@ -245,9 +245,32 @@ impl Client {
     }
 
     /// Runs one request within the timeout, on the current connection.
+    ///
+    /// A server that no longer has a statement this connection prepared
+    /// (26000), or already has one of that name (42P05), is a transaction
+    /// pooler that moved the connection to another server connection
+    /// (PgBouncer in transaction mode without prepared-statement support).
+    /// Nothing ran then: the request is sent once more on a new connection,
+    /// which prepares its statements afresh, instead of failing for as long
+    /// as the cached statements live.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
-        F: FnOnce(Arc<Conn>) -> Fut,
+        F: Fn(Arc<Conn>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        match self.call_on_current(&f).await {
+            Err(e) if e.is_stale_statement() && self.inner.connector.is_some() => {
+                tracing::info!(error = %e, "prepared statements lost to a pooler; retrying on a new connection");
+                self.call_on_current(&f).await
+            }
+            result => result,
+        }
+    }
+
+    /// [`Client::call`] without its retry.
+    async fn call_on_current<T, F, Fut>(&self, f: &F) -> Result<T>
+    where
+        F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         // Connecting is bounded by the connector's own timeout.
@@ -257,7 +280,7 @@ impl Client {
         match tokio::time::timeout(allowed, f(Arc::clone(&conn))).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                if e.is_connection() {
+                if e.is_connection() || e.is_stale_statement() {
                     self.discard(&conn).await;
                 }
                 Err(e)

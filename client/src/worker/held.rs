@@ -26,6 +26,9 @@ pub(super) struct Held {
     /// A release of it failed without an answer (a timeout, a cut
     /// connection): the server may have carried it out.
     pub(super) tried: bool,
+    /// When its release first failed: one that keeps failing while the
+    /// heartbeat keeps the lease must still give its slot back.
+    pub(super) failing_since: Option<Instant>,
     armed: bool,
 }
 
@@ -108,6 +111,7 @@ pub(super) fn register(ctx: &Arc<Ctx>, claimed: Claimed) -> Ready {
             outcome: Outcome::Abandon,
             deadline,
             tried: false,
+            failing_since: None,
             armed: true,
         },
         job: Job {

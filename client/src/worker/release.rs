@@ -23,7 +23,10 @@ pub(super) struct Recorded {
 /// `refill > 0` the done group goes out as `lease.release_and_claim`,
 /// which claims up to `refill` rows in the same statement: one commit, not
 /// two, per cycle. A release that fails is retried (returned) until the
-/// lease's local deadline; one the database refuses was already lost.
+/// lease's local deadline, and for at most a ttl (renewals that succeed
+/// meanwhile must not keep the slot forever: given up, the lease is no
+/// longer renewed and expires on the server); one the database refuses was
+/// already lost.
 pub(super) async fn record(
     ctx: &Ctx,
     client: &Client,
@@ -102,7 +105,11 @@ pub(super) async fn record(
             Err(e) => {
                 tracing::warn!(outcome = outcome.as_sql(), leases = group.len(), error = %e, "release failed");
                 for mut h in group {
-                    if e.is_invalid_input() || h.deadline() <= now {
+                    let failing_since = *h.failing_since.get_or_insert(now);
+                    if e.is_invalid_input()
+                        || h.deadline() <= now
+                        || now.duration_since(failing_since) >= ctx.config.ttl
+                    {
                         ctx.counters.unreleased();
                         h.settle();
                     } else {
