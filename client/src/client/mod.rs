@@ -57,9 +57,12 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// primary confirms it (the [`Worker`](crate::Worker) renews it there, and
 /// fires the job's cancellation token if that fails).
 ///
-/// Behind a transaction-mode pooler, the pooler must support prepared
+/// Behind a transaction-mode pooler, the pooler should support prepared
 /// statements (PgBouncer ≥ 1.21 with `max_prepared_statements`); turn
-/// [`WorkerConfig::listen`](crate::WorkerConfig::listen) off there.
+/// [`WorkerConfig::listen`](crate::WorkerConfig::listen) off there. One that
+/// does not loses the statements whenever it moves the connection: a
+/// request that meets that (26000 or 42P05, nothing ran) is sent once more
+/// on a new connection, so it costs a reconnect, not a stall.
 ///
 /// Calls made under a lease ([`release`](Client::release),
 /// [`renew`](Client::renew), [`fenced_update`](Client::fenced_update), ...)
