@@ -2595,8 +2595,10 @@ BEGIN
     IF (cron IS NULL) = (every IS NULL) THEN
         RAISE EXCEPTION 'give exactly one of cron and every' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF every IS NOT NULL AND (lease.checked_span(every, interval '366 days', 'every') <= interval '0') THEN
-        RAISE EXCEPTION 'every must be longer than 0' USING ERRCODE = 'invalid_parameter_value';
+    -- The reaper sweeps at a schedule's next occurrence, a few milliseconds
+    -- late; a shorter period would leave it no margin.
+    IF every IS NOT NULL AND (lease.checked_span(every, interval '366 days', 'every') < interval '1 second') THEN
+        RAISE EXCEPTION 'every must be at least 1 second (got %)', every USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF missed IS NULL OR missed NOT IN ('skip', 'catch_up') THEN
         RAISE EXCEPTION 'missed must be ''skip'' or ''catch_up'' (got %)', coalesce(missed, 'NULL')
@@ -2623,10 +2625,11 @@ $$Creates or replaces the schedule NAME: enqueue PAYLOAD (with PRIORITY) into QU
 of CRON (a cron expression in UTC: five fields, or six with seconds first) or EVERY (a fixed period,
 counted from now). Returns the first occurrence. lease.sweep() (the reaper, pg_cron, or any caller)
 enqueues each due occurrence exactly once, keyed 'schedule:NAME@<occurrence in UTC>', with the
-occurrence as run_at. After an outage, MISSED = 'skip' enqueues only the latest missed occurrence,
+occurrence as run_at; the reaper sweeps at the next occurrence. An occurrence more than 5 seconds
+overdue counts as missed (no reaper or sweep ran): MISSED = 'skip' enqueues only the latest of those,
 'catch_up' every one of them, oldest first (at most 100 per schedule and sweep).
 Errors: 22004 name, queue or payload NULL; 22023 not exactly one of cron and every, an invalid or
-never-firing cron expression, every not in (0, 366 days] or with months, missed unknown, name empty or
+never-firing cron expression (five or six fields), every not in [1 second, 366 days] or with months, missed unknown, name empty or
 over 128 characters; 42704 no such queue; 42809 the queue is fed by an attached table; 42501 the queue
 is restricted and the caller may not produce into it.$$;
 
@@ -2672,8 +2675,12 @@ BEGIN
                 FOR UPDATE SKIP LOCKED LOOP
         made := 0;
         BEGIN
-            at := CASE s.missed WHEN 'skip' THEN lease._schedule_last(s.cron, s.every, s.anchor, t)
-                                ELSE s.next_at END;
+            -- An occurrence less than a few seconds overdue is a sweep
+            -- that came late, not an outage: it is enqueued either way.
+            at := CASE s.missed
+                      WHEN 'skip' THEN greatest(s.next_at,
+                                                lease._schedule_last(s.cron, s.every, s.anchor, t - interval '5 seconds'))
+                      ELSE s.next_at END;
             WHILE at IS NOT NULL AND at <= t AND made < 100 LOOP
                 job := lease._enqueue_occurrence(s, at);
                 made := made + 1;

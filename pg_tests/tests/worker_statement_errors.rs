@@ -29,14 +29,14 @@ async fn statements_the_server_forgot_are_prepared_again() {
         "CREATE TABLE forgot (at timestamptz DEFAULT clock_timestamp());
          CREATE FUNCTION forget() RETURNS trigger LANGUAGE plpgsql AS $f$
          BEGIN
-             IF NOT EXISTS (SELECT FROM forgot) THEN
-                 INSERT INTO forgot DEFAULT VALUES;
+             IF NOT EXISTS (SELECT FROM public.forgot) THEN
+                 INSERT INTO public.forgot DEFAULT VALUES;
                  EXECUTE 'DEALLOCATE ALL';
              END IF;
              RETURN NULL;
          END $f$;
          CREATE TRIGGER forget AFTER INSERT ON lease.job
-             FOR EACH STATEMENT EXECUTE FUNCTION forget();",
+             FOR EACH STATEMENT EXECUTE FUNCTION public.forget();",
     )
     .await
     .expect("the forgetting trigger");
@@ -101,9 +101,13 @@ async fn a_release_that_keeps_failing_gives_its_slot_back() {
     };
     let (shutdown, run) = spawn(worker);
     // Both slots are taken by the stuck rows before the third arrives.
-    until("both stuck rows leased", Duration::from_secs(10), || async {
-        scalar::<i64>(&su, "SELECT count(*) FROM lease.job WHERE state = 'leased'").await == 2
-    })
+    until(
+        "both stuck rows leased",
+        Duration::from_secs(10),
+        || async {
+            scalar::<i64>(&su, "SELECT count(*) FROM lease.job WHERE state = 'leased'").await == 2
+        },
+    )
     .await;
     su.batch_execute("SELECT lease.enqueue('q', '{\"third\": true}')")
         .await

@@ -78,9 +78,10 @@ impl Client {
     ) -> Result<Vec<(String, bool)>> {
         let names: Vec<&str> = holds.iter().map(|(name, _)| *name).collect();
         let epochs: Vec<i64> = holds.iter().map(|(_, epoch)| *epoch).collect();
+        let (names, epochs) = (&names, &epochs);
         self.call(|c| async move {
             let rows = c
-                .query(Query::ReleaseNamedMany, &[&names, &owner, &epochs])
+                .query(Query::ReleaseNamedMany, &[names, &owner, epochs])
                 .await?;
             rows.iter().map(|r| Ok((col(r, 0)?, col(r, 1)?))).collect()
         })
