@@ -110,7 +110,8 @@ BEGIN
            anchor = excluded.anchor, payload = excluded.payload, priority = excluded.priority,
            missed = excluded.missed, next_at = excluded.next_at, last_error = NULL, last_error_at = NULL;
     -- Have the reaper (where preloaded) look at this database's next due time.
-    PERFORM lease._reaper_touch();
+    -- Its first occurrence may come before the reaper's next pass.
+    PERFORM lease._reaper_wake();
     RETURN first;
 END
 $$;

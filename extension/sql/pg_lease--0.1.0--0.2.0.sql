@@ -236,6 +236,11 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'reaper_touch_wrapper';
 
+CREATE FUNCTION lease."_reaper_wake"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'reaper_wake_wrapper';
+
 CREATE FUNCTION lease."_reaper_slot_shortages"() RETURNS bigint
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
@@ -2615,7 +2620,8 @@ BEGIN
            anchor = excluded.anchor, payload = excluded.payload, priority = excluded.priority,
            missed = excluded.missed, next_at = excluded.next_at, last_error = NULL, last_error_at = NULL;
     -- Have the reaper (where preloaded) look at this database's next due time.
-    PERFORM lease._reaper_touch();
+    -- Its first occurrence may come before the reaper's next pass.
+    PERFORM lease._reaper_wake();
     RETURN first;
 END
 $$;
@@ -2709,6 +2715,10 @@ $$;
 COMMENT ON FUNCTION lease._enqueue_due(integer) IS
 $$Internal (lease.sweep): enqueues the due occurrences of up to MAX_ROWS schedules, each exactly once,
 and returns how many rows it enqueued. A schedule whose enqueue fails records the error and moves on.$$;
+
+COMMENT ON FUNCTION lease._reaper_wake() IS
+$$Internal: asks the preloaded reaper to look at this database as soon as the current transaction commits
+(lease.schedule calls it); does nothing where pg_lease is not preloaded.$$;
 
 CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
 RETURNS TABLE (recovered bigint, purged bigint)
@@ -2846,7 +2856,7 @@ last error; and, server-wide, how often the reaper found no free worker slot (NU
 
 COMMENT ON FUNCTION lease._reaper_touch(bigint) IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
-have work for it (claims, cancels and schedules call it), counting ROWS claimed so that a burst wakes
+have work for it (claims, cancels and write-backs call it), counting ROWS claimed so that a burst wakes
 the reaper at once; does nothing where pg_lease is not preloaded.$$;
 
 CREATE OR REPLACE FUNCTION lease.create_queue(

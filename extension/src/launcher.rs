@@ -108,6 +108,9 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
                 sweeper::sweep(oid, &name, known.vacuumed(oid));
                 let verdict = shared::take_verdict(oid);
                 known.record(oid, verdict, shared::next_due(), shared::take_vacuumed());
+            } else if hot {
+                // Looked at too recently: the wake is kept as a due time.
+                known.look_soon(oid);
             }
         }
     }
@@ -194,6 +197,15 @@ impl Known {
                 entry.due_at = next_due_ms.map(instant_of);
             }
             None => entry.due_at = Some(now),
+        }
+    }
+
+    /// Makes `oid` due once `lease.vacuum_interval` has passed since its
+    /// last look, if it is not due sooner.
+    fn look_soon(&mut self, oid: pg_sys::Oid) {
+        if let Some(k) = self.databases.get_mut(&oid).filter(|k| k.installed) {
+            let soon = Instant::now() + k.quick_wait();
+            k.due_at = Some(k.due_at.map_or(soon, |t| t.min(soon)));
         }
     }
 

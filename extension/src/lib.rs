@@ -147,7 +147,7 @@ pgrx::extension_sql_file!(
         "queue",
         cron::cron_next,
         cron::cron_last,
-        shared::reaper_touch
+        shared::reaper_wake
     ]
 );
 pgrx::extension_sql_file!(

@@ -259,6 +259,24 @@ fn mark_committed(database: pg_sys::Oid, rows: u64) {
     }
 }
 
+/// Asks the preloaded reaper to look at this database as soon as the
+/// current transaction commits, not at its next pass: a new schedule's
+/// first occurrence may come before that. A no-op where pg_lease is not
+/// preloaded.
+#[pg_extern(volatile, parallel_unsafe, name = "_reaper_wake")]
+fn reaper_wake() {
+    if !preloaded() {
+        return;
+    }
+    let database = unsafe { pg_sys::MyDatabaseId };
+    pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
+        let (word, mask) = word_and_mask(slot_of(database));
+        TOUCHED.get()[word].fetch_or(mask, Ordering::AcqRel);
+        HOT.get()[word].fetch_or(mask, Ordering::AcqRel);
+        wake_launcher();
+    });
+}
+
 /// Sets the launcher's latch, if a launcher runs.
 fn wake_launcher() {
     let latch = LAUNCHER_LATCH.get().load(Ordering::Acquire);
@@ -370,9 +388,19 @@ calls it); does nothing where pg_lease is not preloaded.$$;
 
 pgrx::extension_sql!(
     r#"
+COMMENT ON FUNCTION lease._reaper_wake() IS
+$$Internal: asks the preloaded reaper to look at this database as soon as the current transaction commits
+(lease.schedule calls it); does nothing where pg_lease is not preloaded.$$;
+"#,
+    name = "reaper_wake_comment",
+    requires = [reaper_wake],
+);
+
+pgrx::extension_sql!(
+    r#"
 COMMENT ON FUNCTION lease._reaper_touch(bigint) IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
-have work for it (claims, cancels and schedules call it), counting ROWS claimed so that a burst wakes
+have work for it (claims, cancels and write-backs call it), counting ROWS claimed so that a burst wakes
 the reaper at once; does nothing where pg_lease is not preloaded.$$;
 "#,
     name = "reaper_touch_comment",

@@ -25,6 +25,7 @@ const STAND_INS: &[&str] = &[
     "_qualified_predicate(",
     "_reaper_touch(",
     "_reaper_discover()",
+    "_reaper_wake()",
     "_reaper_slot_shortages()",
     "_reaper_last_slot_shortage()",
     "_own_transaction()",
