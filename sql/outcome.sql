@@ -17,8 +17,9 @@
 -- admin's cancel, a reap) only records a write-back in lease.write_back and
 -- touches nothing of the table; lease.apply_write_backs applies them, and
 -- only in a session that logged in as the table's owner: with the library a
--- background worker of its own per owner and database (write_back.rs), as
--- that role and in a security-restricted operation; without it, the owner's
+-- background worker of its own per owner and database (write_back.rs),
+-- logged in as that role (or, for a role that may not log in, turned into
+-- it and kept in a security-restricted operation); without it, the owner's
 -- own scheduler.
 --
 -- Each write-back is applied once: it is deleted in the transaction that
