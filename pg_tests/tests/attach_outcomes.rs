@@ -388,3 +388,26 @@ async fn without_the_library_attach_refuses_a_table_the_install_cannot_lock() {
         .await
         .expect("attached once granted");
 }
+
+/// The client's `apply_write_backs` (what the `Sweeper` calls after each
+/// sweep) applies the write-backs of the tables its role owns.
+///
+/// Failed before its statement got a slot: every call was refused with
+/// "no statement slot for ApplyWriteBacks", so a Sweeper applied nothing.
+#[tokio::test]
+async fn the_client_applies_the_write_backs_of_its_role() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    items(&pg, 5).await;
+    pg.batch_execute(
+        "INSERT INTO items (id, status) VALUES ('x', 'validating');
+         SELECT lease.cancel_key('items', 'x');",
+    )
+    .await
+    .expect("a cancel");
+    let client = pg_tests::jobs::client(&cluster).await;
+    let handled = client.apply_write_backs(10).await.expect("apply");
+    assert_eq!(handled, 1);
+    let status: String = scalar(&pg, "SELECT status FROM items WHERE id = 'x'").await;
+    assert_eq!(status, "cancelled");
+}

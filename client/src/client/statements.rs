@@ -88,7 +88,7 @@ macro_rules! as_micros {
 impl Query {
     /// How many statements there are (one prepared-statement slot each):
     /// the last variant above plus one.
-    pub(super) const COUNT: usize = Query::Unschedule as usize + 1;
+    pub(super) const COUNT: usize = Query::ApplyWriteBacks as usize + 1;
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
