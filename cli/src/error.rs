@@ -7,14 +7,42 @@ use std::fmt::Write as _;
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// Neither `--url` nor an environment variable names a database.
-    #[error("no database: pass --url, or set PG_LEASE_URL or DATABASE_URL")]
+    #[error("no database: pass --url, or set PG_LEASE_URL, DATABASE_URL or PGHOST/PGDATABASE")]
     NoDatabase,
-    /// The connection could not be opened (or the string was not one).
-    #[error("could not connect: {}", client_reason(.0))]
-    Connect(#[source] pg_lease_client::Error),
+    /// The connection string (or a libpq variable) does not parse.
+    #[error("bad connection string: {0}")]
+    BadConnectionString(String),
+    /// The connection could not be opened.
+    #[error("could not connect to {target}: {}", client_reason(.source))]
+    Connect {
+        /// `host:port`.
+        target: String,
+        /// Why.
+        #[source]
+        source: pg_lease_client::Error,
+    },
     /// The same, for `install` and `upgrade`, which connect without the client.
-    #[error("could not connect: {}", pg_reason(.0))]
-    ConnectPg(#[source] tokio_postgres::Error),
+    #[error("could not connect to {target}: {}", pg_reason(.source))]
+    ConnectPg {
+        /// `host:port`.
+        target: String,
+        /// Why.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The database has no pg_lease (no schema `lease`, or a table of it
+    /// missing).
+    #[error("pg_lease is not installed in this database (pg-lease install): {}", client_reason(.0))]
+    NotInstalled(#[source] pg_lease_client::Error),
+    /// The role may not do this; `needs` names the grant.
+    #[error("{}; this needs {needs}", client_reason(.source))]
+    NotAllowed {
+        /// The grant that is missing.
+        needs: &'static str,
+        /// What the server said.
+        #[source]
+        source: pg_lease_client::Error,
+    },
     /// A call of the client failed: the database refused, or the
     /// connection broke during the command.
     #[error("{}", client_reason(.0))]
@@ -52,7 +80,10 @@ impl CliError {
     /// clap exits 2 by itself on bad arguments.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::NoDatabase | CliError::Connect(_) | CliError::ConnectPg(_) => 2,
+            CliError::NoDatabase
+            | CliError::BadConnectionString(_)
+            | CliError::Connect { .. }
+            | CliError::ConnectPg { .. } => 2,
             _ => 1,
         }
     }
@@ -78,6 +109,19 @@ impl CliError {
         }
     }
 
+    /// A failed command's error in the command's terms: no pg_lease here
+    /// (3F000, 42P01), or a grant missing (42501, naming `needs`).
+    pub fn of_command(self, needs: &'static str) -> CliError {
+        match self {
+            CliError::Client(e) => match e.sqlstate() {
+                Some("3F000" | "42P01") => CliError::NotInstalled(e),
+                Some("42501") => CliError::NotAllowed { needs, source: e },
+                _ => CliError::Client(e),
+            },
+            other => other,
+        }
+    }
+
     /// True when stdout was closed under us (`pg-lease jobs list | head`):
     /// not worth a message.
     pub fn is_broken_pipe(&self) -> bool {
@@ -87,8 +131,11 @@ impl CliError {
     /// The SQLSTATE behind the error, if the server sent one.
     pub fn sqlstate(&self) -> Option<String> {
         match self {
-            CliError::Connect(e) | CliError::Client(e) => e.sqlstate().map(str::to_owned),
-            CliError::ConnectPg(e) | CliError::Pg(e) => {
+            CliError::Connect { source: e, .. }
+            | CliError::Client(e)
+            | CliError::NotInstalled(e)
+            | CliError::NotAllowed { source: e, .. } => e.sqlstate().map(str::to_owned),
+            CliError::ConnectPg { source: e, .. } | CliError::Pg(e) => {
                 e.as_db_error().map(|d| d.code().code().to_owned())
             }
             CliError::Explained { sqlstate, .. } => sqlstate.clone(),

@@ -18,11 +18,12 @@ mod args;
 mod commands;
 mod error;
 mod output;
+mod target;
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use pg_lease_client::Client;
+use pg_lease_client::{Client, Connector};
 
 use args::{Cli, Command};
 use commands::Done;
@@ -52,17 +53,36 @@ async fn main() -> ExitCode {
 /// Finds the database, connects, and runs the command.
 async fn run(cli: Cli) -> Result<Done, CliError> {
     let out = Output::new(cli.json);
-    let url = cli
-        .url
-        .or_else(|| std::env::var("DATABASE_URL").ok())
-        .filter(|u| !u.trim().is_empty())
-        .ok_or(CliError::NoDatabase)?;
+    let url = cli.url.or_else(|| std::env::var("DATABASE_URL").ok());
+    let target = target::resolve(url)?;
     match cli.command {
-        Command::Install => commands::install(&url, out).await,
-        Command::Upgrade => commands::upgrade(&url, out).await,
+        Command::Install => commands::install(&target, out).await,
+        Command::Upgrade => commands::upgrade(&target, out).await,
         command => {
-            let client = Client::connect(&url).await.map_err(CliError::Connect)?;
-            commands::run(&client, command, out).await
+            let connector = Connector::new(target.config, tokio_postgres::NoTls);
+            let client = Client::with_connector(connector);
+            // Opens the connection now: a failure here is the connection's.
+            client
+                .extension_versions()
+                .await
+                .map_err(|source| CliError::Connect {
+                    target: target.shown,
+                    source,
+                })?;
+            let needs = needs(&command);
+            commands::run(&client, command, out)
+                .await
+                .map_err(|e| e.of_command(needs))
         }
+    }
+}
+
+/// The grant a command needs, for the message of a refusal (42501).
+fn needs(command: &Command) -> &'static str {
+    match command {
+        Command::Cancel { .. } => {
+            "lease_worker, and on a restricted queue a grant of it: SELECT lease.grant(queue, role)"
+        }
+        _ => "the role lease_admin: GRANT lease_admin TO role",
     }
 }

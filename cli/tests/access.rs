@@ -42,6 +42,11 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
             stderr(&out).contains("(SQLSTATE 42501"),
             "{args:?}: {out:?}"
         );
+        // The message names the grant that is missing.
+        assert!(
+            stderr(&out).contains("this needs the role lease_admin"),
+            "{args:?}: {out:?}"
+        );
         assert!(stdout(&out).is_empty(), "{args:?}: {out:?}");
     }
     let state: String = scalar(
@@ -81,21 +86,31 @@ fn lease_admin_may_read_the_views(cluster: &Cluster, dead: i64) {
 /// A role that does not exist, a database that does not exist, a server
 /// that is not there, a string that is no connection string: exit 2.
 fn nothing_tried_exits_2(cluster: &Cluster) {
-    for url in [
-        url_as(cluster, TEST_DB, "ghost"),
-        url_as(cluster, "nowhere", "nobody"),
-        "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=5".to_owned(),
-        "not a connection string".to_owned(),
+    let port = cluster.port();
+    for (url, said) in [
+        (url_as(cluster, TEST_DB, "ghost"), format!("could not connect to 127.0.0.1:{port}")),
+        (url_as(cluster, "nowhere", "nobody"), format!("could not connect to 127.0.0.1:{port}")),
+        (
+            "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=5".to_owned(),
+            "could not connect to 127.0.0.1:1".to_owned(),
+        ),
+        ("not a connection string".to_owned(), "bad connection string".to_owned()),
+        (
+            "host=127.0.0.1 port=notaport".to_owned(),
+            "bad connection string".to_owned(),
+        ),
     ] {
         for command in ["status", "install"] {
             let out = pg_lease(&url, &[command]);
             assert_exit(&out, 2);
             assert!(
-                stderr(&out).starts_with("pg-lease: could not connect"),
+                stderr(&out).starts_with(&format!("pg-lease: {said}")),
                 "{url}: {out:?}"
             );
         }
     }
+    let port_named = pg_lease("host=127.0.0.1 port=notaport", &["status"]);
+    assert!(stderr(&port_named).contains("port"), "{port_named:?}");
     let ghost = pg_lease(&url_as(cluster, TEST_DB, "ghost"), &["status"]);
     assert!(stderr(&ghost).contains("SQLSTATE 28000"), "{ghost:?}");
 }

@@ -11,6 +11,7 @@ use tokio_postgres::NoTls;
 use super::Done;
 use crate::error::CliError;
 use crate::output::Output;
+use crate::target::Target;
 
 /// What the database says about pg_lease.
 struct Versions {
@@ -24,8 +25,8 @@ struct Versions {
 
 /// `pg-lease install`: creates the extension unless it exists (then exit 0
 /// with nothing done: the state asked for is there).
-pub async fn install(url: &str, out: Output) -> Result<Done, CliError> {
-    let pg = connect(url).await?;
+pub async fn install(target: &Target, out: Output) -> Result<Done, CliError> {
+    let pg = connect(target).await?;
     let before = versions(&pg).await?;
     if before.installed.is_none() {
         pg.batch_execute("CREATE EXTENSION pg_lease")
@@ -48,8 +49,8 @@ pub async fn install(url: &str, out: Output) -> Result<Done, CliError> {
 /// `pg-lease upgrade`: updates to the default version of the server's
 /// files and prints from → to. Nothing is run when the database is at
 /// that version already, so a role without rights gets its answer too.
-pub async fn upgrade(url: &str, out: Output) -> Result<Done, CliError> {
-    let pg = connect(url).await?;
+pub async fn upgrade(target: &Target, out: Output) -> Result<Done, CliError> {
+    let pg = connect(target).await?;
     let before = versions(&pg).await?;
     let Some(from) = before.installed.as_deref() else {
         return Err(CliError::NotFound(format!(
@@ -93,12 +94,19 @@ fn report(out: Output, before: &Versions, after: &Versions, text: &str) -> Resul
 
 /// A connection with the client's default connect timeout unless the
 /// string sets one; every failure here exits 2.
-async fn connect(url: &str) -> Result<tokio_postgres::Client, CliError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(CliError::ConnectPg)?;
+async fn connect(target: &Target) -> Result<tokio_postgres::Client, CliError> {
+    let mut config = target.config.clone();
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
     }
-    let (client, connection) = config.connect(NoTls).await.map_err(CliError::ConnectPg)?;
+    let (client, connection) =
+        config
+            .connect(NoTls)
+            .await
+            .map_err(|source| CliError::ConnectPg {
+                target: target.shown.clone(),
+                source,
+            })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             eprintln!("pg-lease: connection ended: {e}");
