@@ -76,12 +76,24 @@ pub enum Command {
         limit: u32,
     },
     /// Puts dead letters back to pending, attempts reset (exit 1 if one was
-    /// not dead).
+    /// not dead); or, with --all --queue Q --yes, every dead letter of Q.
     Requeue {
         /// Row ids.
-        #[arg(required = true)]
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
         ids: Vec<i64>,
+        /// Every dead letter of --queue (only with --yes; without it, says
+        /// how many there are and changes nothing, exit 1).
+        #[arg(long, requires = "queue")]
+        all: bool,
+        /// The queue of --all.
+        #[arg(long, requires = "all")]
+        queue: Option<String>,
+        /// Confirms --all.
+        #[arg(long, requires = "all")]
+        yes: bool,
     },
+    /// Schedules: when each fires next, rows enqueued, last error.
+    Schedules,
     /// Cancels a row by id, or by queue and key (exit 1 if it had finished
     /// or does not exist).
     Cancel {

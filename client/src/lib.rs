@@ -71,7 +71,7 @@ pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, R
 pub use queue::{
     BatchOptions, DeadLetter, EnqueueOptions, Every, ExtensionVersions, Holder, InFlight,
     JobFilter, JobRecord, QueueMetrics, QueueOptions, QueueSettings, QueueStats, Reaped,
-    ReaperStats, ScheduleOptions,
+    ReaperStats, ScheduleInfo, ScheduleOptions,
 };
 pub use sweeper::{Sweeper, SweeperConfig};
 pub use transaction::FencedTransaction;

@@ -60,6 +60,27 @@ pub enum Every {
     Period(Duration),
 }
 
+/// One schedule as `lease.schedule` holds it, for
+/// [`Client::schedules`](crate::Client::schedules).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleInfo {
+    /// Its name.
+    pub name: String,
+    /// The queue it enqueues into.
+    pub queue: String,
+    /// When it fires: a cron expression or a fixed period.
+    pub every: Every,
+    /// Its next occurrence; `None` for a cron expression that never fires
+    /// again.
+    pub next_at: Option<SystemTime>,
+    /// Rows it has enqueued so far.
+    pub enqueued: i64,
+    /// When a sweep last enqueued for it.
+    pub last_run_at: Option<SystemTime>,
+    /// Why its last enqueue failed, if it did.
+    pub last_error: Option<String>,
+}
+
 /// Options of a schedule, for [`Client::schedule`](crate::Client::schedule).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScheduleOptions {

@@ -77,6 +77,58 @@ pub async fn requeue(client: &Client, out: Output, ids: &[i64]) -> Result<Done, 
     Ok(Done::from_ok(results.iter().all(|(_, r)| *r)))
 }
 
+/// Dead letters read per round of `requeue --all`.
+const PAGE: u32 = 1000;
+
+/// `pg-lease requeue --all --queue Q [--yes]`: every dead letter of `queue`
+/// back to pending, a page at a time until none is left; without `yes`
+/// only how many there are (exit 1: nothing done).
+pub async fn requeue_all(
+    client: &Client,
+    out: Output,
+    queue: &str,
+    yes: bool,
+) -> Result<Done, CliError> {
+    check_queue(client, Some(queue)).await?;
+    if !yes {
+        let waiting = client.dead_letters(Some(queue), PAGE).await?.len();
+        let many = if waiting as u32 == PAGE {
+            format!("at least {PAGE}")
+        } else {
+            waiting.to_string()
+        };
+        if out.is_json() {
+            out.json(&json!({ "queue": queue, "dead": waiting, "requeued": 0 }))?;
+        } else {
+            out.text(&format!(
+                "{many} dead letters in queue {queue:?}; nothing done: add --yes to requeue them\n"
+            ))?;
+        }
+        return Ok(Done::NotAll);
+    }
+    let mut requeued = 0u64;
+    loop {
+        let page = client.dead_letters(Some(queue), PAGE).await?;
+        let mut moved = 0u64;
+        for letter in &page {
+            if client.requeue(letter.id).await? {
+                moved += 1;
+            }
+        }
+        requeued += moved;
+        // A page that moved nothing was taken by someone else meanwhile.
+        if page.len() < PAGE as usize || moved == 0 {
+            break;
+        }
+    }
+    if out.is_json() {
+        out.json(&json!({ "queue": queue, "requeued": requeued }))?;
+    } else {
+        out.text(&format!("{requeued} dead letters of {queue:?} requeued\n"))?;
+    }
+    Ok(Done::All)
+}
+
 /// `pg-lease cancel ID` or `cancel --queue Q --key K`; exit 1 unless the
 /// row is cancelled or its cancel requested.
 pub async fn cancel(

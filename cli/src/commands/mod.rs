@@ -56,7 +56,15 @@ pub async fn run(client: &Client, command: Command, out: Output) -> Result<Done,
         }) => jobs::list(client, out, queue, state.map(Into::into), limit).await,
         Command::Jobs(JobsCommand::Show { id }) => jobs::show(client, out, id).await,
         Command::Dead { queue, limit } => dead::dead(client, out, queue.as_deref(), limit).await,
-        Command::Requeue { ids } => dead::requeue(client, out, &ids).await,
+        Command::Requeue {
+            ids,
+            all: false,
+            ..
+        } => dead::requeue(client, out, &ids).await,
+        Command::Requeue {
+            queue, yes, ..
+        } => dead::requeue_all(client, out, queue.as_deref().unwrap_or_default(), yes).await,
+        Command::Schedules => queues::schedules(client, out).await,
         Command::Cancel { id, queue, key } => dead::cancel(client, out, id, queue, key).await,
         Command::Sweep { max_rows } => admin::sweep(client, out, max_rows).await,
         Command::Purge { max_rows } => admin::purge(client, out, max_rows).await,

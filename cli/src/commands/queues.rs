@@ -1,12 +1,14 @@
 //! Queues and leases as the views show them: `queues`, `stats`,
-//! `in-flight`, `holders`. The row converters are shared with `status`.
+//! `in-flight`, `holders`, `schedules`. The row converters are shared with `status`.
 
-use pg_lease_client::{Client, Holder, InFlight, QueueSettings, QueueStats};
+use std::time::SystemTime;
+
+use pg_lease_client::{Client, Every, Holder, InFlight, QueueSettings, QueueStats};
 use serde_json::{json, Value};
 
 use super::{check_queue, Done};
 use crate::error::CliError;
-use crate::output::{age, secs, span, time_json, Output, Table};
+use crate::output::{age, first_line, secs, span, time_json, time_text, Output, Table};
 
 /// `pg-lease queues`: each queue's policy beside its rows by state.
 pub async fn queues(client: &Client, out: Output) -> Result<Done, CliError> {
@@ -243,4 +245,50 @@ pub fn holders_table(holders: &[Holder]) -> Table {
         ]);
     }
     t
+}
+
+/// `pg-lease schedules`: every schedule, when it fires next, what it did.
+pub async fn schedules(client: &Client, out: Output) -> Result<Done, CliError> {
+    let schedules = client.schedules().await?;
+    if out.is_json() {
+        let rows = schedules
+            .iter()
+            .map(|s| {
+                let (cron, every) = match &s.every {
+                    Every::Cron(spec) => (Some(spec.as_str()), None),
+                    Every::Period(d) => (None, Some(secs(*d))),
+                };
+                json!({
+                    "name": s.name,
+                    "queue": s.queue,
+                    "cron": cron,
+                    "every_secs": every,
+                    "next_at": time_json(s.next_at),
+                    "enqueued": s.enqueued,
+                    "last_run_at": time_json(s.last_run_at),
+                    "last_error": s.last_error,
+                })
+            })
+            .collect();
+        out.json(&Value::Array(rows))?;
+        return Ok(Done::All);
+    }
+    let now = SystemTime::now();
+    let mut t = Table::new(&["name", "queue", "when", "next", "enqueued", "last error"]);
+    for s in schedules {
+        let when = match &s.every {
+            Every::Cron(spec) => format!("cron {spec}"),
+            Every::Period(d) => format!("every {}", span(*d)),
+        };
+        t.row(vec![
+            s.name,
+            s.queue,
+            when,
+            time_text(s.next_at, now),
+            s.enqueued.to_string(),
+            s.last_error.map(|e| first_line(&e, 60)).unwrap_or_default(),
+        ]);
+    }
+    out.text(&t.render())?;
+    Ok(Done::All)
 }

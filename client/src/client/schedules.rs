@@ -4,13 +4,44 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::rows::{col, micros};
+use super::rows::{col, from_micros, micros};
 use super::statements::Query;
 use super::Client;
-use crate::error::Result;
-use crate::queue::{Every, ScheduleOptions};
+use crate::error::{Error, Result};
+use crate::queue::{Every, ScheduleInfo, ScheduleOptions};
 
 impl Client {
+    /// `lease.schedule`'s rows: every schedule with its next occurrence,
+    /// by name. Needs `lease_admin`.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.call(|c| async move {
+            let rows = c.query(Query::Schedules, &[]).await?;
+            rows.iter()
+                .map(|r| {
+                    let cron: Option<String> = col(r, 2)?;
+                    let period: Option<i64> = col(r, 3)?;
+                    let every = match (cron, period) {
+                        (Some(spec), _) => Every::Cron(spec),
+                        (None, Some(us)) => Every::Period(from_micros(us)),
+                        (None, None) => {
+                            return Err(Error::Protocol("a schedule without cron or every".to_owned()))
+                        }
+                    };
+                    Ok(ScheduleInfo {
+                        name: col(r, 0)?,
+                        queue: col(r, 1)?,
+                        every,
+                        next_at: col(r, 4)?,
+                        enqueued: col(r, 5)?,
+                        last_run_at: col(r, 6)?,
+                        last_error: col(r, 7)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
     /// `lease.schedule`: creates or replaces schedule `name`, which
     /// enqueues `payload` into `queue` at every occurrence of `every`, and
     /// returns the first occurrence (database clock). Whoever runs

@@ -45,6 +45,7 @@ pub(super) enum Query {
     SweepFenced,
     Unschedule,
     ApplyWriteBacks,
+    Schedules,
 }
 
 /// `$n` microseconds from now by the database clock, or NULL.
@@ -88,7 +89,7 @@ macro_rules! as_micros {
 impl Query {
     /// How many statements there are (one prepared-statement slot each):
     /// the last variant above plus one.
-    pub(super) const COUNT: usize = Query::ApplyWriteBacks as usize + 1;
+    pub(super) const COUNT: usize = Query::Schedules as usize + 1;
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
@@ -269,6 +270,11 @@ impl Query {
             ),
             S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
             S::ApplyWriteBacks => "SELECT lease.apply_write_backs(max_rows => $1::int)",
+            S::Schedules => concat!(
+                "SELECT name, queue, cron, ",
+                as_micros!("every"),
+                ", next_at, enqueued, last_run_at, last_error FROM lease.schedule ORDER BY name"
+            ),
         }
     }
 }

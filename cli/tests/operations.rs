@@ -1,0 +1,59 @@
+//! Commands an operator expects beside the views: `schedules`, and
+//! `requeue --all` of one queue's dead letters behind a confirmation.
+
+mod common;
+
+use common::{assert_exit, pg_lease, pg_lease_json, stdout};
+use pg_tests::{scalar, Cluster, TEST_DB};
+
+/// `schedules` lists a schedule with its next run. `requeue --all --queue
+/// Q` without `--yes` says how many dead letters there are and changes
+/// nothing (exit 1); with it, every dead letter of Q is pending again and
+/// no other queue's.
+///
+/// Failed before: neither command existed (clap exited 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_and_requeue_all() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('mail', max_attempts => 1);
+         SELECT lease.create_queue('other', max_attempts => 1);
+         SELECT lease.schedule('nightly', 'mail', cron => '0 3 * * *');
+         SELECT lease.enqueue('mail', '{}') FROM generate_series(1, 3);
+         SELECT lease.enqueue('other', '{}');
+         SELECT r FROM lease.claim_pending(10, '1 minute', 'w', 'mail') c,
+                LATERAL lease.release(c.id, 'w', c.epoch, 'fail') r;
+         SELECT r FROM lease.claim_pending(10, '1 minute', 'w', 'other') c,
+                LATERAL lease.release(c.id, 'w', c.epoch, 'fail') r;",
+    )
+    .await
+    .expect("a schedule and dead letters");
+    let url = cluster.conn_string(TEST_DB);
+
+    let listed = pg_lease_json(&url, &["schedules"]);
+    assert_eq!(listed[0]["name"], "nightly", "{listed}");
+    assert_eq!(listed[0]["cron"], "0 3 * * *", "{listed}");
+    assert!(listed[0]["next_at"].is_string(), "{listed}");
+    let table = pg_lease(&url, &["schedules"]);
+    assert_exit(&table, 0);
+    assert!(stdout(&table).contains("cron 0 3 * * *"), "{table:?}");
+
+    let unconfirmed = pg_lease(&url, &["requeue", "--all", "--queue", "mail"]);
+    assert_exit(&unconfirmed, 1);
+    assert!(stdout(&unconfirmed).contains("3 dead letters"), "{unconfirmed:?}");
+    let dead: i64 = scalar(&pg, "SELECT count(*) FROM lease.dead_letters").await;
+    assert_eq!(dead, 4, "nothing changed without --yes");
+
+    let confirmed = pg_lease(&url, &["requeue", "--all", "--queue", "mail", "--yes"]);
+    assert_exit(&confirmed, 0);
+    assert!(stdout(&confirmed).contains("3 dead letters"), "{confirmed:?}");
+    let left: Vec<String> = pg
+        .query("SELECT queue FROM lease.dead_letters", &[])
+        .await
+        .expect("dead letters")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, ["other"]);
+}
