@@ -33,6 +33,7 @@ DECLARE
     f constant bigint := lease.epoch_floor();
     got bigint;
     restricted boolean;
+    paused boolean;
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
@@ -43,10 +44,14 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at INTO restricted, raised FROM lease.queue qu WHERE qu.name = q;
+    SELECT qu.restricted, qu.head_raised_at, qu.paused INTO restricted, raised, paused
+      FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
+    END IF;
+    IF paused THEN
+        RETURN;
     END IF;
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
@@ -129,7 +134,7 @@ $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them w
 token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
 the database clock. One statement; rows are taken
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
-never waited for. Every claim gives the row an epoch greater than any it had before, also across a
+never waited for; a paused queue (lease.pause) gives none. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;

@@ -71,6 +71,8 @@ TO lease_worker;
 GRANT EXECUTE ON FUNCTION
     lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer),
     lease.drop_queue(text, boolean),
+    lease.pause(text),
+    lease.resume(text),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
     lease.requeue(bigint),

@@ -82,6 +82,39 @@ max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) 
 (pg_column_size), 1..268435455; default 1 MiB.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
+CREATE FUNCTION lease.pause(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE lease.queue q SET paused = true WHERE q.name = lease.checked_queue(pause.queue) AND NOT q.paused;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.pause(text) IS
+$$Pauses QUEUE: claims (claim_pending, release_and_claim) take none of its rows until lease.resume; leases
+held run on (renew, release, fence as before) and enqueues go on. Returns false if it was paused already.
+Errors: 22004 queue NULL; 42704 no such queue.$$;
+
+CREATE FUNCTION lease.resume(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE lease.queue q SET paused = false WHERE q.name = lease.checked_queue(resume.queue) AND q.paused;
+    IF FOUND THEN
+        -- Idle workers may have stopped at an empty claim: wake them.
+        PERFORM pg_notify(lease._ready_channel(resume.queue), '');
+    END IF;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.resume(text) IS
+$$Ends lease.pause of QUEUE: claims take its rows again, and idle workers listening on its channel are woken.
+Returns false if it was not paused. Errors: 22004 queue NULL; 42704 no such queue.$$;
+
 -- What dropping a queue deletes, for drop_queue and for detach (its grants,
 -- key_slot and schedule rows go by their foreign keys).
 CREATE FUNCTION lease._delete_queue(queue text) RETURNS bigint

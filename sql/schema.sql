@@ -56,6 +56,8 @@ CREATE TABLE lease.queue (
     -- The largest payload an enqueue may write (pg_column_size), see
     -- lease.create_queue.
     max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 268435455),
+    -- Claims take none of its rows (lease.pause); leases held run on.
+    paused          boolean NOT NULL DEFAULT false,
     -- The head (head.sql): no pending row of the queue is before this
     -- position in claim order (priority DESC, rank, next_at, id), so claims
     -- start reading job_ready there. The defaults are the very start.

@@ -94,6 +94,18 @@ pub enum Command {
     },
     /// Schedules: when each fires next, rows enqueued, last error.
     Schedules,
+    /// Stops claims of a queue (leases held run on; enqueues go on); exit
+    /// 1 if it was paused already.
+    Pause {
+        /// The queue.
+        queue: String,
+    },
+    /// Lets claims take a paused queue's rows again; exit 1 if it was not
+    /// paused.
+    Resume {
+        /// The queue.
+        queue: String,
+    },
     /// Cancels a row by id, or by queue and key (exit 1 if it had finished
     /// or does not exist).
     Cancel {

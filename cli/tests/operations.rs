@@ -57,3 +57,31 @@ async fn schedules_and_requeue_all() {
         .collect();
     assert_eq!(left, ["other"]);
 }
+
+/// `pause` stops claims of a queue and `resume` restarts them; doing
+/// either twice exits 1 and changes nothing.
+///
+/// Failed before: the commands and `lease.pause` did not exist.
+#[tokio::test]
+async fn pause_and_resume_a_queue() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute("SELECT lease.create_queue('mail'); SELECT lease.enqueue('mail', '{}');")
+        .await
+        .expect("a queue with a row");
+    let url = cluster.conn_string(TEST_DB);
+    let claimable = || async {
+        scalar::<i64>(
+            &pg,
+            "SELECT count(*) FROM (SELECT lease.claim_pending(1, '1 minute', 'w', 'mail')) c",
+        )
+        .await
+    };
+    assert_exit(&pg_lease(&url, &["pause", "mail"]), 0);
+    assert_exit(&pg_lease(&url, &["pause", "mail"]), 1);
+    assert_eq!(claimable().await, 0, "a paused queue gives no rows");
+    assert_exit(&pg_lease(&url, &["resume", "mail"]), 0);
+    assert_exit(&pg_lease(&url, &["resume", "mail"]), 1);
+    assert_eq!(claimable().await, 1);
+    assert_exit(&pg_lease(&url, &["pause", "nope"]), 1);
+}

@@ -65,6 +65,8 @@ pub async fn run(client: &Client, command: Command, out: Output) -> Result<Done,
             queue, yes, ..
         } => dead::requeue_all(client, out, queue.as_deref().unwrap_or_default(), yes).await,
         Command::Schedules => queues::schedules(client, out).await,
+        Command::Pause { queue } => queues::pause(client, out, &queue, true).await,
+        Command::Resume { queue } => queues::pause(client, out, &queue, false).await,
         Command::Cancel { id, queue, key } => dead::cancel(client, out, id, queue, key).await,
         Command::Sweep { max_rows } => admin::sweep(client, out, max_rows).await,
         Command::Purge { max_rows } => admin::purge(client, out, max_rows).await,

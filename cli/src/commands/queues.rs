@@ -1,5 +1,5 @@
 //! Queues and leases as the views show them: `queues`, `stats`,
-//! `in-flight`, `holders`, `schedules`. The row converters are shared with `status`.
+//! `in-flight`, `holders`, `schedules`, and `pause`/`resume`. The row converters are shared with `status`.
 
 use std::time::SystemTime;
 
@@ -291,4 +291,23 @@ pub async fn schedules(client: &Client, out: Output) -> Result<Done, CliError> {
     }
     out.text(&t.render())?;
     Ok(Done::All)
+}
+
+/// `pg-lease pause Q` (`pause`) or `resume Q`; exit 1 if it already was.
+pub async fn pause(client: &Client, out: Output, queue: &str, pause: bool) -> Result<Done, CliError> {
+    check_queue(client, Some(queue)).await?;
+    let changed = if pause {
+        client.pause(queue).await?
+    } else {
+        client.resume(queue).await?
+    };
+    let state = if pause { "paused" } else { "running" };
+    if out.is_json() {
+        out.json(&json!({ "queue": queue, "state": state, "changed": changed }))?;
+    } else if changed {
+        out.text(&format!("{queue}: {state}\n"))?;
+    } else {
+        out.text(&format!("{queue}: {state} already, unchanged\n"))?;
+    }
+    Ok(Done::from_ok(changed))
 }

@@ -10,6 +10,27 @@ use crate::lease::CancelResult;
 use crate::queue::{BatchOptions, EnqueueOptions, QueueOptions};
 
 impl Client {
+    /// `lease.pause`: claims take none of `queue`'s rows until
+    /// [`resume`](Client::resume); leases held run on. `false` if it was
+    /// paused already. Needs `lease_admin`.
+    pub async fn pause(&self, queue: &str) -> Result<bool> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::Pause, &[&queue]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
+    /// `lease.resume`: claims take `queue`'s rows again (idle workers are
+    /// woken). `false` if it was not paused. Needs `lease_admin`.
+    pub async fn resume(&self, queue: &str) -> Result<bool> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::Resume, &[&queue]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
     /// `lease.create_queue`: creates queue `name` or updates its policy (so
     /// every replica may call it at start). Needs `lease_admin`.
     pub async fn create_queue(&self, name: &str, options: &QueueOptions) -> Result<()> {

@@ -46,6 +46,8 @@ pub(super) enum Query {
     Unschedule,
     ApplyWriteBacks,
     Schedules,
+    Pause,
+    Resume,
 }
 
 /// `$n` microseconds from now by the database clock, or NULL.
@@ -89,7 +91,7 @@ macro_rules! as_micros {
 impl Query {
     /// How many statements there are (one prepared-statement slot each):
     /// the last variant above plus one.
-    pub(super) const COUNT: usize = Query::Schedules as usize + 1;
+    pub(super) const COUNT: usize = Query::Resume as usize + 1;
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
@@ -270,6 +272,8 @@ impl Query {
             ),
             S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
             S::ApplyWriteBacks => "SELECT lease.apply_write_backs(max_rows => $1::int)",
+            S::Pause => "SELECT lease.pause(queue => $1::text)",
+            S::Resume => "SELECT lease.resume(queue => $1::text)",
             S::Schedules => concat!(
                 "SELECT name, queue, cron, ",
                 as_micros!("every"),

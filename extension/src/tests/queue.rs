@@ -42,6 +42,32 @@ mod tests {
         assert_eq!(int("SELECT count(*) FROM lease.queue WHERE name = 'q'"), 0);
     }
 
+    /// Failed before pause existed (42883).
+    #[pg_test]
+    fn a_paused_queue_is_not_claimed_and_its_leases_run_on() {
+        run("SELECT lease.create_queue('q')");
+        run("SELECT lease.enqueue('q', '{}') FROM generate_series(1, 2)");
+        run("SELECT lease.claim_pending(1, '1 minute', 'a', 'q')");
+        assert!(check("SELECT lease.pause('q')"));
+        assert!(!check("SELECT lease.pause('q')"), "paused already");
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'b', 'q')"),
+            0
+        );
+        assert!(check(
+            "SELECT held FROM lease.renew((SELECT id FROM lease.job WHERE state = 'leased'), 'a',
+                                         (SELECT epoch FROM lease.job WHERE state = 'leased'), '1 minute')"
+        ));
+        assert!(check("SELECT lease.resume('q')"));
+        assert!(!check("SELECT lease.resume('q')"), "running already");
+        assert_eq!(
+            int("SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'b', 'q')"),
+            1
+        );
+        assert_eq!(sqlstate("SELECT lease.pause('nope')"), "42704");
+        assert_eq!(sqlstate("SELECT lease.pause(NULL)"), "22004");
+    }
+
     #[pg_test]
     fn drop_queue_refuses_unfinished_work_unless_forced() {
         run("SELECT lease.create_queue('q')");
