@@ -73,6 +73,7 @@ GRANT EXECUTE ON FUNCTION
     lease.drop_queue(text, boolean),
     lease.pause(text),
     lease.resume(text),
+    lease.purge_dead(text),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
     lease.requeue(bigint),

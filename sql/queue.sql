@@ -115,6 +115,35 @@ COMMENT ON FUNCTION lease.resume(text) IS
 $$Ends lease.pause of QUEUE: claims take its rows again, and idle workers listening on its channel are woken.
 Returns false if it was not paused. Errors: 22004 queue NULL; 42704 no such queue.$$;
 
+CREATE FUNCTION lease.purge_dead(queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q lease.queue;
+    removed bigint;
+BEGIN
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease.checked_queue(purge_dead.queue);
+    IF q.attached THEN
+        -- Its dead rows go when their table rows stop matching; deleting
+        -- them now would make those rows claimable again.
+        RAISE EXCEPTION 'queue "%" is fed by an attached table', q.name
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Move the table rows out of the pending predicate instead.';
+    END IF;
+    DELETE FROM lease.job j WHERE j.queue = q.name AND j.state = 'dead';
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF removed > 0 THEN
+        PERFORM lease._count(q.name, dead => -removed);
+    END IF;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.purge_dead(text) IS
+$$Deletes every dead letter of QUEUE now, whatever its dead_retention, and returns how many. Errors: 22004
+queue NULL; 42704 no such queue; 42809 the queue is fed by an attached table.$$;
+
 -- What dropping a queue deletes, for drop_queue and for detach (its grants,
 -- key_slot and schedule rows go by their foreign keys).
 CREATE FUNCTION lease._delete_queue(queue text) RETURNS bigint

@@ -127,11 +127,22 @@ pub enum Command {
         #[arg(long, default_value_t = 1000)]
         max_rows: u32,
     },
-    /// Deletes finished rows past their queue's retention now.
+    /// Deletes finished rows past their queue's retention now; or, with
+    /// --dead --queue Q --yes, every dead letter of Q.
     Purge {
         /// At most this many.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, conflicts_with = "dead")]
         max_rows: u32,
+        /// Every dead letter of --queue, whatever its retention (only with
+        /// --yes; without it, says how many there are, exit 1).
+        #[arg(long, requires = "queue")]
+        dead: bool,
+        /// The queue of --dead.
+        #[arg(long, requires = "dead")]
+        queue: Option<String>,
+        /// Confirms --dead.
+        #[arg(long, requires = "dead")]
+        yes: bool,
     },
     /// CREATE EXTENSION pg_lease in this database (superuser); nothing to
     /// do if it is there.

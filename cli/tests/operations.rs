@@ -1,5 +1,6 @@
-//! Commands an operator expects beside the views: `schedules`, and
-//! `requeue --all` of one queue's dead letters behind a confirmation.
+//! Commands an operator expects beside the views: `schedules`, `requeue
+//! --all` and `purge --dead` of one queue's dead letters behind a
+//! confirmation, `pause` and `resume`.
 
 mod common;
 
@@ -9,7 +10,7 @@ use pg_tests::{scalar, Cluster, TEST_DB};
 /// `schedules` lists a schedule with its next run. `requeue --all --queue
 /// Q` without `--yes` says how many dead letters there are and changes
 /// nothing (exit 1); with it, every dead letter of Q is pending again and
-/// no other queue's.
+/// no other queue's. `purge --dead` the same, deleting.
 ///
 /// Failed before: neither command existed (clap exited 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,6 +57,14 @@ async fn schedules_and_requeue_all() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(left, ["other"]);
+
+    let unconfirmed = pg_lease(&url, &["purge", "--dead", "--queue", "other"]);
+    assert_exit(&unconfirmed, 1);
+    let purged = pg_lease(&url, &["purge", "--dead", "--queue", "other", "--yes"]);
+    assert_exit(&purged, 0);
+    assert!(stdout(&purged).contains("1 dead letters"), "{purged:?}");
+    let dead: i64 = scalar(&pg, "SELECT count(*) FROM lease.dead_letters").await;
+    assert_eq!(dead, 0);
 }
 
 /// `pause` stops claims of a queue and `resume` restarts them; doing

@@ -1,5 +1,5 @@
-//! Dead letters and what an operator does about rows: `dead`, `requeue`,
-//! `cancel`.
+//! Dead letters and what an operator does about rows: `dead`, `requeue`
+//! (also `--all` of a queue), `purge --dead` of a queue, `cancel`.
 
 use pg_lease_client::{CancelResult, Client, DeadLetter};
 use serde_json::{json, Value};
@@ -91,20 +91,7 @@ pub async fn requeue_all(
 ) -> Result<Done, CliError> {
     check_queue(client, Some(queue)).await?;
     if !yes {
-        let waiting = client.dead_letters(Some(queue), PAGE).await?.len();
-        let many = if waiting as u32 == PAGE {
-            format!("at least {PAGE}")
-        } else {
-            waiting.to_string()
-        };
-        if out.is_json() {
-            out.json(&json!({ "queue": queue, "dead": waiting, "requeued": 0 }))?;
-        } else {
-            out.text(&format!(
-                "{many} dead letters in queue {queue:?}; nothing done: add --yes to requeue them\n"
-            ))?;
-        }
-        return Ok(Done::NotAll);
+        return unconfirmed(client, out, queue, "requeue").await;
     }
     let mut requeued = 0u64;
     loop {
@@ -127,6 +114,46 @@ pub async fn requeue_all(
         out.text(&format!("{requeued} dead letters of {queue:?} requeued\n"))?;
     }
     Ok(Done::All)
+}
+
+/// `pg-lease purge --dead --queue Q [--yes]`: every dead letter of `queue`
+/// deleted; without `yes` only how many there are (exit 1: nothing done).
+pub async fn purge_dead(
+    client: &Client,
+    out: Output,
+    queue: &str,
+    yes: bool,
+) -> Result<Done, CliError> {
+    check_queue(client, Some(queue)).await?;
+    if !yes {
+        return unconfirmed(client, out, queue, "delete").await;
+    }
+    let purged = client.purge_dead(queue).await?;
+    if out.is_json() {
+        out.json(&json!({ "queue": queue, "purged": purged }))?;
+    } else {
+        out.text(&format!("{purged} dead letters of {queue:?} deleted\n"))?;
+    }
+    Ok(Done::All)
+}
+
+/// What `--all`/`--dead` without `--yes` says: how many dead letters
+/// `queue` has and that nothing was done (exit 1).
+async fn unconfirmed(client: &Client, out: Output, queue: &str, verb: &str) -> Result<Done, CliError> {
+    let waiting = client.dead_letters(Some(queue), PAGE).await?.len();
+    let many = if waiting >= PAGE as usize {
+        format!("at least {PAGE}")
+    } else {
+        waiting.to_string()
+    };
+    if out.is_json() {
+        out.json(&json!({ "queue": queue, "dead": waiting, "done": false }))?;
+    } else {
+        out.text(&format!(
+            "{many} dead letters in queue {queue:?}; nothing done: add --yes to {verb} them\n"
+        ))?;
+    }
+    Ok(Done::NotAll)
 }
 
 /// `pg-lease cancel ID` or `cancel --queue Q --key K`; exit 1 unless the

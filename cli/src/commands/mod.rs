@@ -69,7 +69,14 @@ pub async fn run(client: &Client, command: Command, out: Output) -> Result<Done,
         Command::Resume { queue } => queues::pause(client, out, &queue, false).await,
         Command::Cancel { id, queue, key } => dead::cancel(client, out, id, queue, key).await,
         Command::Sweep { max_rows } => admin::sweep(client, out, max_rows).await,
-        Command::Purge { max_rows } => admin::purge(client, out, max_rows).await,
+        Command::Purge {
+            max_rows,
+            dead: false,
+            ..
+        } => admin::purge(client, out, max_rows).await,
+        Command::Purge { queue, yes, .. } => {
+            dead::purge_dead(client, out, queue.as_deref().unwrap_or_default(), yes).await
+        }
         Command::Install | Command::Upgrade => Err(CliError::NotFound(
             "install and upgrade do not run through the client".to_owned(),
         )),

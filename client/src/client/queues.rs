@@ -21,6 +21,16 @@ impl Client {
         .await
     }
 
+    /// `lease.purge_dead`: deletes every dead letter of `queue` now;
+    /// returns how many. Needs `lease_admin`.
+    pub async fn purge_dead(&self, queue: &str) -> Result<i64> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::PurgeDead, &[&queue]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
     /// `lease.resume`: claims take `queue`'s rows again (idle workers are
     /// woken). `false` if it was not paused. Needs `lease_admin`.
     pub async fn resume(&self, queue: &str) -> Result<bool> {

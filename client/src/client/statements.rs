@@ -48,6 +48,7 @@ pub(super) enum Query {
     Schedules,
     Pause,
     Resume,
+    PurgeDead,
 }
 
 /// `$n` microseconds from now by the database clock, or NULL.
@@ -91,7 +92,7 @@ macro_rules! as_micros {
 impl Query {
     /// How many statements there are (one prepared-statement slot each):
     /// the last variant above plus one.
-    pub(super) const COUNT: usize = Query::Resume as usize + 1;
+    pub(super) const COUNT: usize = Query::PurgeDead as usize + 1;
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
@@ -274,6 +275,7 @@ impl Query {
             S::ApplyWriteBacks => "SELECT lease.apply_write_backs(max_rows => $1::int)",
             S::Pause => "SELECT lease.pause(queue => $1::text)",
             S::Resume => "SELECT lease.resume(queue => $1::text)",
+            S::PurgeDead => "SELECT lease.purge_dead(queue => $1::text)",
             S::Schedules => concat!(
                 "SELECT name, queue, cron, ",
                 as_micros!("every"),

@@ -68,6 +68,27 @@ mod tests {
         assert_eq!(sqlstate("SELECT lease.pause(NULL)"), "22004");
     }
 
+    /// Failed before purge_dead existed (42883).
+    #[pg_test]
+    fn purge_dead_deletes_one_queues_dead_letters() {
+        run("SELECT lease.create_queue('q', max_attempts => 1)");
+        run("SELECT lease.create_queue('r', max_attempts => 1)");
+        for q in ["q", "q", "r"] {
+            run(&format!(
+                "SELECT lease.enqueue('{q}', '{{}}');
+                 SELECT lease.release(c.id, 'w', c.epoch, 'fail')
+                   FROM lease.claim_pending(1, '1 minute', 'w', '{q}') c"
+            ));
+        }
+        assert_eq!(int("SELECT lease.purge_dead('q')"), 2);
+        assert_eq!(int("SELECT count(*) FROM lease.job WHERE queue = 'q'"), 0);
+        assert_eq!(int("SELECT count(*) FROM lease.job WHERE queue = 'r' AND state = 'dead'"), 1);
+        assert_eq!(int("SELECT dead FROM lease.metrics WHERE queue = 'q'"), 0);
+        run("CREATE TABLE t (id int PRIMARY KEY, s text); SELECT lease.attach('t', 's = ''new''')");
+        assert_eq!(sqlstate("SELECT lease.purge_dead('t')"), "42809");
+        assert_eq!(sqlstate("SELECT lease.purge_dead('nope')"), "42704");
+    }
+
     #[pg_test]
     fn drop_queue_refuses_unfinished_work_unless_forced() {
         run("SELECT lease.create_queue('q')");
