@@ -35,7 +35,10 @@ pub fn resolve(url: Option<String>) -> Result<Target, CliError> {
 }
 
 /// [`resolve`] with the environment as `var`, for tests.
-fn resolve_with(url: Option<String>, var: &dyn Fn(&str) -> Option<String>) -> Result<Target, CliError> {
+fn resolve_with(
+    url: Option<String>,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Result<Target, CliError> {
     let url = url.filter(|u| !u.trim().is_empty());
     if url.is_none() && LIBPQ_VARS.iter().all(|v| var(v).is_none()) {
         return Err(CliError::NoDatabase);
@@ -71,7 +74,10 @@ fn resolve_with(url: Option<String>, var: &dyn Fn(&str) -> Option<String>) -> Re
         config.port(port);
     }
     if config.get_user().is_none() {
-        if let Some(user) = var("PGUSER").or_else(|| var("USER")).or_else(|| var("LOGNAME")) {
+        if let Some(user) = var("PGUSER")
+            .or_else(|| var("USER"))
+            .or_else(|| var("LOGNAME"))
+        {
             config.user(&user);
         }
     }
@@ -80,7 +86,11 @@ fn resolve_with(url: Option<String>, var: &dyn Fn(&str) -> Option<String>) -> Re
             config.dbname(&db);
         }
     }
-    let host = config.get_hosts().first().map(host_name).unwrap_or_default();
+    let host = config
+        .get_hosts()
+        .first()
+        .map(host_name)
+        .unwrap_or_default();
     let port = config.get_ports().first().copied().unwrap_or(5432);
     if config.get_password().is_none() {
         let password = var("PGPASSWORD").or_else(|| {
@@ -145,7 +155,11 @@ fn split_fields(line: &str) -> Vec<String> {
         match c {
             ':' if fields.len() < 5 => fields.push(String::new()),
             c => {
-                let c = if c == '\\' { chars.next().unwrap_or(c) } else { c };
+                let c = if c == '\\' {
+                    chars.next().unwrap_or(c)
+                } else {
+                    c
+                };
                 if let Some(field) = fields.last_mut() {
                     field.push(c);
                 }
@@ -183,8 +197,13 @@ mod tests {
     #[test]
     fn the_libpq_environment_completes_the_string() {
         let t = with(
-            &[("PGHOST", "db.internal"), ("PGPORT", "6432"), ("PGUSER", "ops"), ("PGDATABASE", "app"),
-              ("PGPASSWORD", "secret")],
+            &[
+                ("PGHOST", "db.internal"),
+                ("PGPORT", "6432"),
+                ("PGUSER", "ops"),
+                ("PGDATABASE", "app"),
+                ("PGPASSWORD", "secret"),
+            ],
             None,
         )
         .expect("target");
@@ -193,19 +212,29 @@ mod tests {
         assert_eq!(t.config.get_dbname(), Some("app"));
         assert_eq!(t.config.get_password(), Some(&b"secret"[..]));
         // What the string gives wins; the rest comes from the environment.
-        let t = with(&[("PGPORT", "6432"), ("PGUSER", "ops")], Some("host=h dbname=x")).expect("target");
+        let t = with(
+            &[("PGPORT", "6432"), ("PGUSER", "ops")],
+            Some("host=h dbname=x"),
+        )
+        .expect("target");
         assert_eq!(t.shown, "h:6432");
-        assert_eq!((t.config.get_user(), t.config.get_dbname()), (Some("ops"), Some("x")));
+        assert_eq!(
+            (t.config.get_user(), t.config.get_dbname()),
+            (Some("ops"), Some("x"))
+        );
     }
 
     #[test]
     fn nothing_configured_and_bad_strings_are_named() {
         assert!(matches!(with(&[], None), Err(CliError::NoDatabase)));
-        let Err(CliError::BadConnectionString(why)) = with(&[], Some("host=h port=notaport")) else {
+        let Err(CliError::BadConnectionString(why)) = with(&[], Some("host=h port=notaport"))
+        else {
             panic!("a bad port parsed");
         };
         assert!(why.contains("port"), "{why}");
-        let Err(CliError::BadConnectionString(why)) = with(&[("PGPORT", "x"), ("PGHOST", "h")], None) else {
+        let Err(CliError::BadConnectionString(why)) =
+            with(&[("PGPORT", "x"), ("PGHOST", "h")], None)
+        else {
             panic!("a bad PGPORT parsed");
         };
         assert!(why.contains("PGPORT"), "{why}");
@@ -214,8 +243,14 @@ mod tests {
     #[test]
     fn the_password_file_is_read_as_libpq_reads_it() {
         let file = "# comment\nother:5432:*:ops:no\nh:5432:app:ops:pa\\:ss\n*:*:*:*:any\n";
-        assert_eq!(password_for(file, ["h", "5432", "app", "ops"]).as_deref(), Some("pa:ss"));
-        assert_eq!(password_for(file, ["z", "1", "d", "u"]).as_deref(), Some("any"));
+        assert_eq!(
+            password_for(file, ["h", "5432", "app", "ops"]).as_deref(),
+            Some("pa:ss")
+        );
+        assert_eq!(
+            password_for(file, ["z", "1", "d", "u"]).as_deref(),
+            Some("any")
+        );
         assert_eq!(passfile_host("/var/run/postgresql"), "localhost");
     }
 }

@@ -88,13 +88,22 @@ fn lease_admin_may_read_the_views(cluster: &Cluster, dead: i64) {
 fn nothing_tried_exits_2(cluster: &Cluster) {
     let port = cluster.port();
     for (url, said) in [
-        (url_as(cluster, TEST_DB, "ghost"), format!("could not connect to 127.0.0.1:{port}")),
-        (url_as(cluster, "nowhere", "nobody"), format!("could not connect to 127.0.0.1:{port}")),
+        (
+            url_as(cluster, TEST_DB, "ghost"),
+            format!("could not connect to 127.0.0.1:{port}"),
+        ),
+        (
+            url_as(cluster, "nowhere", "nobody"),
+            format!("could not connect to 127.0.0.1:{port}"),
+        ),
         (
             "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=5".to_owned(),
             "could not connect to 127.0.0.1:1".to_owned(),
         ),
-        ("not a connection string".to_owned(), "bad connection string".to_owned()),
+        (
+            "not a connection string".to_owned(),
+            "bad connection string".to_owned(),
+        ),
         (
             "host=127.0.0.1 port=notaport".to_owned(),
             "bad connection string".to_owned(),

@@ -41,7 +41,13 @@ fn a_database_without_pg_lease_is_named_as_such() {
     let cluster = Cluster::start();
     cluster.psql(TEST_DB, "CREATE DATABASE bare");
     let url = url_as(&cluster, "bare", SUPERUSER);
-    for args in [&["queues"][..], &["stats"], &["dead"], &["holders"], &["sweep"]] {
+    for args in [
+        &["queues"][..],
+        &["stats"],
+        &["dead"],
+        &["holders"],
+        &["sweep"],
+    ] {
         let out = pg_lease(&url, args);
         assert_exit(&out, 1);
         assert!(

@@ -42,13 +42,19 @@ async fn schedules_and_requeue_all() {
 
     let unconfirmed = pg_lease(&url, &["requeue", "--all", "--queue", "mail"]);
     assert_exit(&unconfirmed, 1);
-    assert!(stdout(&unconfirmed).contains("3 dead letters"), "{unconfirmed:?}");
+    assert!(
+        stdout(&unconfirmed).contains("3 dead letters"),
+        "{unconfirmed:?}"
+    );
     let dead: i64 = scalar(&pg, "SELECT count(*) FROM lease.dead_letters").await;
     assert_eq!(dead, 4, "nothing changed without --yes");
 
     let confirmed = pg_lease(&url, &["requeue", "--all", "--queue", "mail", "--yes"]);
     assert_exit(&confirmed, 0);
-    assert!(stdout(&confirmed).contains("3 dead letters"), "{confirmed:?}");
+    assert!(
+        stdout(&confirmed).contains("3 dead letters"),
+        "{confirmed:?}"
+    );
     let left: Vec<String> = pg
         .query("SELECT queue FROM lease.dead_letters", &[])
         .await

@@ -139,7 +139,12 @@ pub async fn purge_dead(
 
 /// What `--all`/`--dead` without `--yes` says: how many dead letters
 /// `queue` has and that nothing was done (exit 1).
-async fn unconfirmed(client: &Client, out: Output, queue: &str, verb: &str) -> Result<Done, CliError> {
+async fn unconfirmed(
+    client: &Client,
+    out: Output,
+    queue: &str,
+    verb: &str,
+) -> Result<Done, CliError> {
     let waiting = client.dead_letters(Some(queue), PAGE).await?.len();
     let many = if waiting >= PAGE as usize {
         format!("at least {PAGE}")

@@ -57,13 +57,11 @@ pub async fn run(client: &Client, command: Command, out: Output) -> Result<Done,
         Command::Jobs(JobsCommand::Show { id }) => jobs::show(client, out, id).await,
         Command::Dead { queue, limit } => dead::dead(client, out, queue.as_deref(), limit).await,
         Command::Requeue {
-            ids,
-            all: false,
-            ..
+            ids, all: false, ..
         } => dead::requeue(client, out, &ids).await,
-        Command::Requeue {
-            queue, yes, ..
-        } => dead::requeue_all(client, out, queue.as_deref().unwrap_or_default(), yes).await,
+        Command::Requeue { queue, yes, .. } => {
+            dead::requeue_all(client, out, queue.as_deref().unwrap_or_default(), yes).await
+        }
         Command::Schedules => queues::schedules(client, out).await,
         Command::Pause { queue } => queues::pause(client, out, &queue, true).await,
         Command::Resume { queue } => queues::pause(client, out, &queue, false).await,

@@ -294,7 +294,12 @@ pub async fn schedules(client: &Client, out: Output) -> Result<Done, CliError> {
 }
 
 /// `pg-lease pause Q` (`pause`) or `resume Q`; exit 1 if it already was.
-pub async fn pause(client: &Client, out: Output, queue: &str, pause: bool) -> Result<Done, CliError> {
+pub async fn pause(
+    client: &Client,
+    out: Output,
+    queue: &str,
+    pause: bool,
+) -> Result<Done, CliError> {
     check_queue(client, Some(queue)).await?;
     let changed = if pause {
         client.pause(queue).await?

@@ -24,7 +24,9 @@ impl Client {
                         (Some(spec), _) => Every::Cron(spec),
                         (None, Some(us)) => Every::Period(from_micros(us)),
                         (None, None) => {
-                            return Err(Error::Protocol("a schedule without cron or every".to_owned()))
+                            return Err(Error::Protocol(
+                                "a schedule without cron or every".to_owned(),
+                            ))
                         }
                     };
                     Ok(ScheduleInfo {

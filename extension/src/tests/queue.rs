@@ -82,7 +82,10 @@ mod tests {
         }
         assert_eq!(int("SELECT lease.purge_dead('q')"), 2);
         assert_eq!(int("SELECT count(*) FROM lease.job WHERE queue = 'q'"), 0);
-        assert_eq!(int("SELECT count(*) FROM lease.job WHERE queue = 'r' AND state = 'dead'"), 1);
+        assert_eq!(
+            int("SELECT count(*) FROM lease.job WHERE queue = 'r' AND state = 'dead'"),
+            1
+        );
         assert_eq!(int("SELECT dead FROM lease.metrics WHERE queue = 'q'"), 0);
         run("CREATE TABLE t (id int PRIMARY KEY, s text); SELECT lease.attach('t', 's = ''new''')");
         assert_eq!(sqlstate("SELECT lease.purge_dead('t')"), "42809");
