@@ -19,7 +19,8 @@ ALTER TABLE lease.queue
     ADD COLUMN jitter     text NOT NULL DEFAULT 'none' CHECK (jitter IN ('full', 'none')),
     ADD COLUMN concurrency integer CHECK (concurrency BETWEEN 1 AND 100000),
     -- A constant default: no table rewrite.
-    ADD COLUMN max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 268435455);
+    ADD COLUMN max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 268435455),
+    ADD COLUMN paused boolean NOT NULL DEFAULT false;
 ALTER TABLE lease.queue ALTER COLUMN jitter SET DEFAULT 'full';
 -- Each queue's head (sql/head.sql), at the start: claims read from there
 -- until the first sweep moves it.
@@ -1627,6 +1628,7 @@ DECLARE
     f constant bigint := lease.epoch_floor();
     got bigint;
     restricted boolean;
+    paused boolean;
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
@@ -1637,10 +1639,14 @@ BEGIN
         PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
                 lease.checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at INTO restricted, raised FROM lease.queue qu WHERE qu.name = q;
+    SELECT qu.restricted, qu.head_raised_at, qu.paused INTO restricted, raised, paused
+      FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
+    END IF;
+    IF paused THEN
+        RETURN;
     END IF;
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
@@ -1723,7 +1729,7 @@ $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them w
 token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
 the database clock. One statement; rows are taken
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
-never waited for. Every claim gives the row an epoch greater than any it had before, also across a
+never waited for; a paused queue (lease.pause) gives none. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
@@ -2940,6 +2946,68 @@ max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) 
 (pg_column_size), 1..268435455; default 1 MiB.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
+CREATE OR REPLACE FUNCTION lease.pause(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE lease.queue q SET paused = true WHERE q.name = lease.checked_queue(pause.queue) AND NOT q.paused;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.pause(text) IS
+$$Pauses QUEUE: claims (claim_pending, release_and_claim) take none of its rows until lease.resume; leases
+held run on (renew, release, fence as before) and enqueues go on. Returns false if it was paused already.
+Errors: 22004 queue NULL; 42704 no such queue.$$;
+
+CREATE OR REPLACE FUNCTION lease.resume(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE lease.queue q SET paused = false WHERE q.name = lease.checked_queue(resume.queue) AND q.paused;
+    IF FOUND THEN
+        -- Idle workers may have stopped at an empty claim: wake them.
+        PERFORM pg_notify(lease._ready_channel(resume.queue), '');
+    END IF;
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.resume(text) IS
+$$Ends lease.pause of QUEUE: claims take its rows again, and idle workers listening on its channel are woken.
+Returns false if it was not paused. Errors: 22004 queue NULL; 42704 no such queue.$$;
+
+CREATE OR REPLACE FUNCTION lease.purge_dead(queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q lease.queue;
+    removed bigint;
+BEGIN
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease.checked_queue(purge_dead.queue);
+    IF q.attached THEN
+        -- Its dead rows go when their table rows stop matching; deleting
+        -- them now would make those rows claimable again.
+        RAISE EXCEPTION 'queue "%" is fed by an attached table', q.name
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Move the table rows out of the pending predicate instead.';
+    END IF;
+    DELETE FROM lease.job j WHERE j.queue = q.name AND j.state = 'dead';
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    IF removed > 0 THEN
+        PERFORM lease._count(q.name, dead => -removed);
+    END IF;
+    RETURN removed;
+END
+$$;
+
+COMMENT ON FUNCTION lease.purge_dead(text) IS
+$$Deletes every dead letter of QUEUE now, whatever its dead_retention, and returns how many. Errors: 22004
+queue NULL; 42704 no such queue; 42809 the queue is fed by an attached table.$$;
+
 COMMENT ON TYPE lease.renewal IS
     'Result of lease.renew: held = false means the lease is lost (expired, taken over or released) and nothing changed; NULL (renew_batch only) that the row was locked by another transaction and not extended this time.';
 
@@ -3488,6 +3556,9 @@ GRANT EXECUTE ON FUNCTION
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
     lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer),
+    lease.pause(text),
+    lease.resume(text),
+    lease.purge_dead(text),
     lease.requeue(bigint),
     lease.recount(),
     lease.reap(integer),
