@@ -44,7 +44,7 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
         );
         // The message names the grant that is missing.
         assert!(
-            stderr(&out).contains("this needs the role lease_admin"),
+            stderr(&out).contains("lease_admin"),
             "{args:?}: {out:?}"
         );
         assert!(stdout(&out).is_empty(), "{args:?}: {out:?}");
