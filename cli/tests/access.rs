@@ -43,10 +43,7 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
             "{args:?}: {out:?}"
         );
         // The message names the grant that is missing.
-        assert!(
-            stderr(&out).contains("lease_admin"),
-            "{args:?}: {out:?}"
-        );
+        assert!(stderr(&out).contains("lease_admin"), "{args:?}: {out:?}");
         assert!(stdout(&out).is_empty(), "{args:?}: {out:?}");
     }
     let state: String = scalar(
