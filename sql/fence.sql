@@ -6,6 +6,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    qn text;
     q lease.queue;
     bytes integer;
 BEGIN
@@ -19,11 +20,11 @@ BEGIN
        SET payload = j.payload || patch
      WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-    RETURNING pg_column_size(j.payload) INTO bytes;
+    RETURNING j.queue, pg_column_size(j.payload) INTO qn, bytes;
     IF bytes IS NULL THEN
         RETURN false;
     END IF;
-    SELECT qu.* INTO q FROM lease.queue qu JOIN lease.job j ON j.queue = qu.name WHERE j.id = fenced_update.id;
+    SELECT qu.* INTO q FROM lease.queue qu WHERE qu.name = qn;
     -- Raised here, the error undoes the update.
     PERFORM lease._check_payload_size(q, bytes);
     RETURN true;
