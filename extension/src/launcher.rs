@@ -6,9 +6,11 @@
 //! per database: a worker connected to a database makes a plain
 //! `DROP DATABASE` fail, and one per database would hold
 //! `max_worker_processes` slots forever. A sweeper lives for one pass (a few
-//! milliseconds), the launcher starts them one at a time, so pg_lease uses
-//! at most two worker slots, and `DROP DATABASE` (which waits up to 5 s for
-//! other sessions to leave) is never blocked. The launcher never connects to
+//! milliseconds), the launcher starts them one at a time, so the reaper
+//! uses at most three worker slots (its own, the [reserve](crate::reserve)'s, one
+//! sweeper's), and `DROP DATABASE` (which waits up to 5 s for other
+//! sessions to leave) is never blocked. When parallel query has taken every
+//! free slot, the reserve sweeps instead. The launcher never connects to
 //! a template, so `CREATE DATABASE` is not blocked either.
 //!
 //! Databases without pg_lease, and idle ones with it, cost next to nothing:

@@ -13,6 +13,7 @@ pub mod cron;
 pub mod epoch;
 pub mod launcher;
 pub mod predicate;
+pub mod reserve;
 pub mod settings;
 pub mod shared;
 pub mod statement;
@@ -178,6 +179,7 @@ pub extern "C-unwind" fn _PG_init() {
     settings::define();
     shared::init();
     launcher::register();
+    reserve::register();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

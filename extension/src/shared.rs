@@ -104,7 +104,8 @@ pub fn init() {
     PRELOADED.store(true, Ordering::Relaxed);
 }
 
-fn preloaded() -> bool {
+/// Whether pg_lease was preloaded, so that its shared state exists.
+pub fn preloaded() -> bool {
     PRELOADED.load(Ordering::Relaxed)
 }
 

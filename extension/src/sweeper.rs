@@ -5,7 +5,7 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags
 use pgrx::prelude::*;
 
 use crate::shared::{self, Verdict};
-use crate::{settings, vacuum, write_back};
+use crate::{reserve, settings, vacuum, write_back};
 
 /// `backend_type` of a sweeper in `pg_stat_activity`.
 pub const SWEEPER_TYPE: &str = "pg_lease sweeper";
@@ -29,11 +29,14 @@ pub fn sweep(oid: pg_sys::Oid, name: &str, vacuumed: vacuum::Mark) {
         Ok(worker) => {
             let _ = worker.wait_for_shutdown();
         }
+        // Every slot is taken (parallel query, say): the reserve's is not.
         Err(_) => {
             shared::count_slot_shortage();
-            warning!(
-                "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
-            );
+            if !reserve::sweep(oid, vacuumed) {
+                warning!(
+                    "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
+                );
+            }
         }
     }
 }
@@ -54,6 +57,14 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
         return;
     };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
+    run(oid, vacuum::Mark::decode(BackgroundWorker::get_extra()));
+}
+
+/// The work of a sweeper, in the database this worker is connected to
+/// (`oid`), also done by the [`reserve`](crate::reserve): sweeps in
+/// batches, starts the write-back workers, and vacuums `lease.job` if that
+/// is due since `before`.
+pub fn run(oid: pg_sys::Oid, before: vacuum::Mark) {
     let batch = settings::SWEEP_BATCH.get();
     for _ in 0..settings::MAX_BATCHES_PER_SWEEP {
         // One short transaction per batch: its timestamps are fresh and it
@@ -69,7 +80,6 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
         write_back::start(oid, &owner);
     }
     // Last, so that a vacuum that fails cannot cost the sweep its verdict.
-    let before = vacuum::Mark::decode(BackgroundWorker::get_extra());
     if BackgroundWorker::sigterm_received() {
         return;
     }

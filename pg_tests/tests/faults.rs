@@ -802,7 +802,7 @@ async fn run(p: Params) -> Outcome {
                 let _ = db
                     .query(
                         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-                          WHERE backend_type IN ('pg_lease launcher', 'pg_lease sweeper')",
+                          WHERE backend_type IN ('pg_lease launcher', 'pg_lease sweeper', 'pg_lease reserve')",
                     )
                     .await;
             }
