@@ -1691,14 +1691,22 @@ BEGIN
          WHERE h.name = q
          LIMIT n
     )
-    UPDATE lease.job j
-       SET state       = 'leased',
-           owner       = o,
-           epoch       = greatest(j.epoch + 1, f),
-           attempt     = j.attempt + 1,
-           lease_until = clock_timestamp() + d
-     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
+    , claimed AS (
+        UPDATE lease.job j
+           SET state       = 'leased',
+               owner       = o,
+               epoch       = greatest(j.epoch + 1, f),
+               attempt     = j.attempt + 1,
+               lease_until = clock_timestamp() + d
+         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+        RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
+                  j.priority, j.rank
+    )
+    -- The UPDATE returns rows in the order it meets them, not the order
+    -- they were picked in; callers start a batch from its first row.
+    SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.next_at
+      FROM claimed c
+     ORDER BY c.priority DESC, c.rank, c.next_at, c.id;
 
     GET DIAGNOSTICS got = ROW_COUNT;
     IF got = 0 THEN
@@ -1728,7 +1736,7 @@ $$;
 COMMENT ON FUNCTION lease.claim_pending(integer, interval, text, text) IS
 $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them with their fencing
 token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
-the database clock. One statement; rows are taken
+the database clock. One statement; rows are taken, and returned,
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for; a paused queue (lease.pause) gives none. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
@@ -1765,16 +1773,22 @@ BEGIN
           FROM lease.job j
          WHERE j.queue = q AND j.state = 'leased' AND j.owner = o
            AND j.attempt < (SELECT qu.max_attempts FROM lease.queue qu WHERE qu.name = q)
-         ORDER BY j.id
+         ORDER BY j.priority DESC, j.rank, j.next_at, j.id
          LIMIT n
            FOR UPDATE SKIP LOCKED
+    ), reclaimed AS (
+        UPDATE lease.job j
+           SET epoch       = greatest(j.epoch + 1, f),
+               attempt     = j.attempt + 1,
+               lease_until = clock_timestamp() + d
+         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+        RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
+                  j.priority, j.rank
     )
-    UPDATE lease.job j
-       SET epoch       = greatest(j.epoch + 1, f),
-           attempt     = j.attempt + 1,
-           lease_until = clock_timestamp() + d
-     WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
-    RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at;
+    -- In claim order, as lease.claim_pending returns its rows.
+    SELECT r.id, r.queue, r.key, r.payload, r.epoch, r.attempt, r.lease_until, r.next_at
+      FROM reclaimed r
+     ORDER BY r.priority DESC, r.rank, r.next_at, r.id;
     GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM lease._reaper_touch(got);
     IF got > 0 THEN
@@ -1786,8 +1800,9 @@ $$;
 COMMENT ON FUNCTION lease.reclaim_own(integer, interval, text, text) IS
 $$For a process restarted under the same OWNER name: leases again, under new epochs and for TTL, up to
 LIMIT rows of QUEUE that OWNER still holds (expired or not, but not yet reaped), so its in-progress work
-resumes at once. The earlier incarnation's tokens are fenced. Each reclaim spends an attempt; rows that
-have spent max_attempts are not reclaimed (they expire and are dead-lettered). Call it once at start-up,
+resumes at once; returned in claim order, as lease.claim_pending. The earlier incarnation's tokens are
+fenced. Each reclaim spends an attempt; rows that have spent max_attempts are not reclaimed (they expire
+and are dead-lettered). Call it once at start-up,
 before any claim: rows the current incarnation holds would be re-issued too.
 Errors: 22004 an argument NULL; 22023 limit, ttl or owner invalid; 42704 no such queue; 42501 the queue
 is restricted and the caller may not work it.$$;
@@ -3039,14 +3054,15 @@ BEGIN
     IF "limit" > 0 THEN
         RETURN QUERY
         SELECT NULL::boolean, c.id, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at
-          FROM lease.claim_pending("limit", ttl, owner, release_and_claim.queue) AS c;
+          FROM lease.claim_pending("limit", ttl, owner, release_and_claim.queue) WITH ORDINALITY AS c
+         ORDER BY c.ordinality;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text) IS
 $$lease.release_batch(IDS, OWNER, EPOCHS) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
 OWNER, QUEUE), in one statement: first one row per element of IDS, in order, with RELEASED set and the
-claim columns NULL; then one row per claimed row (of QUEUE), with RELEASED NULL. LIMIT 0 only releases.
+claim columns NULL; then one row per claimed row (of QUEUE), in claim order, with RELEASED NULL. LIMIT 0 only releases.
 Errors: those of the two functions.$$;
 
 
