@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::timing::{check_lease_timing, default_owner};
+use crate::timing::{check_lease_timing, default_owner, jitter, renew_retry};
 
 /// Settings of an [`Elector`]. [`ElectorConfig::new`] gives the defaults
 /// documented on each field; [`ElectorConfig::with_ttl`] scales them.
@@ -304,8 +304,12 @@ async fn contend(
             () = stop.cancelled() => return,
             r = requests.try_acquire(&cfg.name, &cfg.owner, cfg.ttl) => r,
         };
+        // After a failure, a jittered wait: electors that failed together
+        // (a database restart) do not come back in lockstep.
+        let mut retry_in = cfg.retry_every;
         if let Err(e) = &acquired {
-            tracing::warn!(name = %cfg.name, error = %e, retry_in = ?cfg.retry_every, "could not contend for leadership");
+            retry_in = jitter(cfg.retry_every);
+            tracing::warn!(name = %cfg.name, error = %e, retry_in = ?retry_in, "could not contend for leadership");
         }
         if let Ok(Some(epoch)) = acquired {
             let term = Term::new(epoch, sent + cfg.confirmed_for());
@@ -329,7 +333,7 @@ async fn contend(
         }
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(cfg.retry_every) => {}
+            () = tokio::time::sleep(retry_in) => {}
         }
     }
 }
@@ -368,8 +372,7 @@ async fn lead(client: &Client, cfg: &ElectorConfig, term: &Term, stop: &Cancella
             }
             Err(e) => {
                 tracing::warn!(name = %cfg.name, epoch = term.epoch, error = %e, "renewal failed");
-                next_renewal =
-                    Instant::now() + (cfg.renew_every / 4).max(Duration::from_millis(20));
+                next_renewal = Instant::now() + renew_retry(cfg.renew_every);
             }
         }
     }

@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// Doubling delays between `min` and `max`.
+/// Retry delays with full jitter: each is drawn uniformly from up to a
+/// ceiling that doubles from `min` to `max` (at least a millisecond), so
+/// that replicas that failed together (a database restart) do not retry
+/// in lockstep.
 pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
-    next: Duration,
+    ceiling: Duration,
 }
 
 impl Backoff {
@@ -18,19 +21,37 @@ impl Backoff {
         Backoff {
             min,
             max,
-            next: min,
+            ceiling: min,
         }
     }
 
     pub(crate) fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
+        let d = jitter(self.ceiling);
+        self.ceiling = (self.ceiling * 2).min(self.max);
         d
     }
 
     pub(crate) fn reset(&mut self) {
-        self.next = self.min;
+        self.ceiling = self.min;
     }
+}
+
+/// A delay drawn uniformly from 1 ms to `ceiling` (`ceiling` itself if it
+/// is shorter).
+pub(crate) fn jitter(ceiling: Duration) -> Duration {
+    let floor = Duration::from_millis(1);
+    if ceiling <= floor {
+        return ceiling;
+    }
+    rand::random_range(floor..=ceiling)
+}
+
+/// How soon to try a renewal again after one failed (or was not
+/// extended): a [`jitter`]ed quarter of `renew_every`, at least 20 ms, well
+/// before `ttl − margin` runs out.
+pub(crate) fn renew_retry(renew_every: Duration) -> Duration {
+    let floor = Duration::from_millis(20);
+    jitter((renew_every / 4).max(floor)).max(floor)
 }
 
 /// Longest ttl the SQL functions accept.
@@ -94,11 +115,26 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_up_to_its_max_and_resets() {
+    fn backoff_ceilings_double_up_to_the_max_and_reset() {
         let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(300));
-        let seen: Vec<_> = (0..4).map(|_| b.next().as_millis()).collect();
-        assert_eq!(seen, [100, 200, 300, 300]);
+        for ceiling in [100, 200, 300, 300] {
+            let d = b.next();
+            assert!(
+                d >= Duration::from_millis(1) && d <= Duration::from_millis(ceiling),
+                "{d:?} above {ceiling} ms"
+            );
+        }
         b.reset();
-        assert_eq!(b.next().as_millis(), 100);
+        assert!(b.next() <= Duration::from_millis(100));
+    }
+
+    /// Failed before full jitter: two backoffs gave the same delays.
+    #[test]
+    fn two_backoffs_draw_different_delays() {
+        let delays = || {
+            let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+            (0..8).map(|_| b.next()).collect::<Vec<_>>()
+        };
+        assert_ne!(delays(), delays());
     }
 }

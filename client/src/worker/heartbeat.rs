@@ -1,13 +1,12 @@
 //! The heartbeat: one `renew_batch` per tick for every lease the worker holds.
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::job::CancelReason;
 use super::{Ctx, MAX_BATCH};
 use crate::lease::FencingToken;
+use crate::timing::renew_retry;
 
 /// One `renew_batch` per tick for every held lease; moves local deadlines
 /// on confirmation and fires tokens on loss or cancel requests.
@@ -39,7 +38,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
             let renewals = match renewals {
                 Ok(renewals) => renewals,
                 Err(e) => {
-                    wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
+                    wait = renew_retry(cfg.renew_every);
                     tracing::warn!(queue = %cfg.queue, leases = chunk.len(), error = %e, retry_in = ?wait, "heartbeat failed");
                     continue;
                 }
@@ -58,7 +57,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
                 if renewal.busy {
                     // Not extended: keep the old deadline and come back
                     // soon, before it passes.
-                    wait = (cfg.renew_every / 4).max(Duration::from_millis(20));
+                    wait = renew_retry(cfg.renew_every);
                     continue;
                 }
                 slot.deadline.send_if_modified(|d| {
