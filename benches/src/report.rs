@@ -117,21 +117,21 @@ fn targets(m: &BTreeMap<&'static str, f64>) -> Vec<Target> {
     };
     vec![
         Target {
-            what: "Worker 1 × 16 slots / hand-written batch-50 SQL, 200k no-op jobs",
+            what: "Worker 1 × 16 slots, defaults / hand-written batch-50 SQL, 200k no-op jobs",
             value: div("worker_jobs_s", "worker_hand_jobs_s"),
             goal: 1.0,
             at_most: false,
             unit: "×",
         },
         Target {
-            what: "Worker 2 × 8 slots / hand-written batch-50 SQL, 200k no-op jobs",
+            what: "Worker 2 × 8 slots, defaults / hand-written batch-50 SQL, 200k no-op jobs",
             value: div("worker_split_jobs_s", "worker_hand_jobs_s"),
             goal: 1.0,
             at_most: false,
             unit: "×",
         },
         Target {
-            what: "Worker 1 × 16 slots, prefetch 16, 10 ms jobs / (16 slots / 10 ms)",
+            what: "Worker 1 × 16 slots, defaults, 10 ms jobs / (16 slots / 10 ms)",
             value: get("worker_slow_share"),
             goal: 0.9,
             at_most: false,

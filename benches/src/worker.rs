@@ -15,20 +15,20 @@ use crate::cpu::Cpu;
 use crate::report::{rate, ratio, Results, Table};
 use crate::scenarios::{Bench, Drain, Res, Side};
 
-/// Rows claimed ahead of the free slots in the no-op drains, per 16 slots:
-/// claims and release-and-claims of up to 16 + 496 = 512 rows, so that one
-/// commit carries many jobs (measured at 200k rows: 0.95× of the
+/// The hand-tuned prefetch the Worker's default is compared with, per 16
+/// slots: claims and release-and-claims of up to 16 + 496 = 512 rows, so
+/// that one commit carries many jobs (measured at 200k rows: 0.95× of the
 /// hand-written SQL with 240, 1.22× with 496).
 pub const WORKER_PREFETCH: usize = 496;
 
 /// One Worker drain: `workers` Workers (each with its own `Client` and
-/// connections, in this process) of `slots` slots and `prefetch` each,
-/// jobs that take `work`.
+/// connections, in this process) of `slots` slots and `prefetch` each (the
+/// default, sized by the Worker, if `None`), jobs that take `work`.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
     workers: usize,
     slots: usize,
-    prefetch: usize,
+    prefetch: Option<usize>,
     work: Duration,
 }
 
@@ -39,9 +39,12 @@ impl Shape {
         } else {
             format!("{} ms jobs", self.work.as_millis())
         };
+        let prefetch = self
+            .prefetch
+            .map_or("default prefetch".to_owned(), |p| format!("prefetch {p}"));
         format!(
-            "Worker {} × {} slots, prefetch {}, {work}",
-            self.workers, self.slots, self.prefetch
+            "Worker {} × {} slots, {prefetch}, {work}",
+            self.workers, self.slots
         )
     }
 }
@@ -98,28 +101,29 @@ impl Bench {
                 "client CPU ms/1k jobs",
             ],
         );
+        // Library defaults first (only the slots set), then the hand-tuned
+        // prefetch for comparison.
         let noop = Duration::ZERO;
-        let tuned = Shape {
+        let default = Shape {
             workers: 1,
             slots: 16,
-            prefetch: WORKER_PREFETCH,
+            prefetch: None,
             work: noop,
         };
         let split = Shape {
             workers: 2,
             slots: 8,
-            prefetch: WORKER_PREFETCH / 2,
-            work: noop,
+            ..default
         };
-        let default = Shape {
-            prefetch: 0,
-            ..tuned
+        let tuned = Shape {
+            prefetch: Some(WORKER_PREFETCH),
+            ..default
         };
         let large = self.size.worker_rows;
         let small = large / 10;
         for (rows, shapes) in [
-            (large, vec![tuned, split]),
-            (small, vec![tuned, split, default]),
+            (large, vec![default, split, tuned]),
+            (small, vec![default, split, tuned]),
         ] {
             // Without VACUUM between fill and drain, the hand-written drain
             // varies a lot from run to run (10.7k to 38.9k jobs/s seen in one
@@ -137,7 +141,7 @@ impl Bench {
             };
             for shape in shapes {
                 let m = self.measured_worker(rows, shape).await?;
-                if shape.workers == 1 && shape.prefetch > 0 {
+                if shape.workers == 1 && shape.prefetch.is_none() {
                     let key = if rows == large {
                         "worker_jobs_s"
                     } else {
@@ -162,16 +166,17 @@ impl Bench {
         }
         // Jobs that take 10 ms: throughput is bounded by slots / 10 ms. With
         // prefetch 0 a slot waits for its row's outcome to commit and the
-        // next row to be claimed; one waiting row per slot hides that.
-        for prefetch in [0, 16] {
+        // next row to be claimed; the default keeps a few rows per slot
+        // waiting, which hides that.
+        for prefetch in [None, Some(0)] {
             let slow = Shape {
                 work: Duration::from_millis(10),
                 prefetch,
-                ..tuned
+                ..default
             };
             let m = self.measured_worker(small, slow).await?;
             let bound = slow.slots as f64 / slow.work.as_secs_f64();
-            if prefetch > 0 {
+            if prefetch.is_none() {
                 out.metrics
                     .insert("worker_slow_share", m.drain.jobs_per_s() / bound);
             }

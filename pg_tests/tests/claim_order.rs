@@ -134,7 +134,7 @@ async fn the_client_and_the_worker_follow_claim_order() {
     let started = Arc::new(Mutex::new(Vec::new()));
     let mut config = WorkerConfig::new("slo");
     config.concurrency = 1;
-    config.prefetch = 10;
+    config.prefetch = Some(10);
     config.poll_interval = Duration::from_millis(100);
     let worker = {
         let seen = Arc::clone(&started);

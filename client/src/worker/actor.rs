@@ -3,7 +3,8 @@
 //! Each lease is in exactly one place: waiting for a slot, with a running
 //! handler, finished and waiting to be recorded, or inside a database call
 //! in flight. The loop claims while the worker may hold more leases
-//! (`concurrency + prefetch`), starts waiting rows in claim order as slots
+//! (`concurrency + prefetch`, the prefetch sized by [`Pace`] unless set),
+//! starts waiting rows in claim order as slots
 //! free up, and records finished jobs, taking the done ones' leases up
 //! again in the same statement (`release_and_claim`). Heartbeats and
 //! `LISTEN` run beside it on their own connections.
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::handler::run_job;
 use super::held::{register, Held, Ready};
+use super::pace::Pace;
 use super::release::{record, Recorded};
 use super::{Ctx, MAX_BATCH};
 use crate::client::Client;
@@ -40,6 +42,7 @@ struct ClaimDone {
     rows: Result<Vec<Claimed>>,
     asked: usize,
     reclaim: bool,
+    took: Duration,
 }
 
 /// Release batches in flight at once, each on its own connection.
@@ -53,6 +56,7 @@ struct RecordDone {
     /// the done ones a refill replaces in the same statement, and the rows
     /// the refill asked for.
     counted: usize,
+    took: Duration,
 }
 
 /// A lane: its one call in flight, if any.
@@ -61,7 +65,8 @@ type Lane<'a, T> = Option<Pin<Box<dyn Future<Output = T> + Send + 'a>>>;
 /// The leases, by where they are.
 struct Leases {
     waiting: VecDeque<Ready>,
-    running: JoinSet<Held>,
+    /// Each with the time its handler took.
+    running: JoinSet<(Held, Duration)>,
     finished: Vec<Held>,
     /// Leases in a release batch in flight, and rows asked for by calls in
     /// flight.
@@ -98,7 +103,7 @@ struct Claims {
 /// lease is recorded: the error of that failed claim, if any.
 pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Result<()> {
     let cfg = &ctx.config;
-    let budget = cfg.concurrency + cfg.prefetch;
+    let mut pace = Pace::new(cfg);
     let mut leases = Leases {
         waiting: VecDeque::new(),
         running: JoinSet::new(),
@@ -126,8 +131,19 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
     let mut grace = None;
     let mut failure: Option<Error> = None;
     loop {
-        // Slots first: waiting rows start in claim order.
-        while leases.running.len() < cfg.concurrency {
+        // Slots first: waiting rows start in claim order; one that waited
+        // too long for a slot goes back for any Worker to take.
+        while let Some(next) = leases.waiting.front() {
+            if pace.overdue(next.held.lease.claim_sent_at) {
+                if let Some(next) = leases.waiting.pop_front() {
+                    tracing::debug!(queue = %cfg.queue, id = next.held.lease.id, "waited too long for a slot; given back");
+                    leases.finished.push(next.held);
+                }
+                continue;
+            }
+            if leases.running.len() >= cfg.concurrency {
+                break;
+            }
             let Some(next) = leases.waiting.pop_front() else {
                 break;
             };
@@ -135,7 +151,13 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 // Lost or cancelled while it waited: nothing to run.
                 leases.finished.push(next.held);
             } else {
-                leases.running.spawn(run_job(Arc::clone(ctx), next));
+                let ctx = Arc::clone(ctx);
+                pace.job_started();
+                leases.running.spawn(async move {
+                    let started = Instant::now();
+                    let held = run_job(ctx, next).await;
+                    (held, started.elapsed())
+                });
             }
         }
         let now = Instant::now();
@@ -150,7 +172,9 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 // waited for the poll.)
                 let kept = batch.iter().filter(|h| h.outcome != Outcome::Done).count();
                 let refill = if claims.open {
-                    budget.saturating_sub(leases.held() + kept).min(MAX_BATCH)
+                    pace.budget(leases.running.len())
+                        .saturating_sub(leases.held() + kept)
+                        .min(MAX_BATCH)
                 } else {
                     0
                 };
@@ -162,11 +186,13 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 leases.in_flight += counted;
                 let client = &lanes[lane];
                 recording.push(async move {
+                    let sent = Instant::now();
                     let recorded = record(ctx, client, batch, refill).await;
                     RecordDone {
                         lane,
                         recorded,
                         counted,
+                        took: sent.elapsed(),
                     }
                 });
             }
@@ -179,7 +205,10 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             claims.idle = false;
         }
         if claiming.is_none() && claims.open && !claims.idle && claims.not_before <= now {
-            let asked = budget.saturating_sub(leases.held()).min(MAX_BATCH);
+            let asked = pace
+                .budget(leases.running.len())
+                .saturating_sub(leases.held())
+                .min(MAX_BATCH);
             if asked > 0 {
                 leases.in_flight += asked;
                 claiming = Some(claim(ctx, asked, claims.reclaiming));
@@ -194,7 +223,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 .then_some(record_not_before);
         let claim_due = (claiming.is_none()
             && claims.open
-            && leases.held() < budget
+            && leases.held() < pace.budget(leases.running.len())
             && claims.not_before > now)
             .then_some(claims.not_before);
         let due = record_due.into_iter().chain(claim_due).min();
@@ -206,6 +235,9 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             done = in_flight(&mut claiming), if claiming.is_some() => {
                 claiming = None;
                 leases.in_flight -= done.asked;
+                if done.rows.is_ok() {
+                    pace.trip_took(done.took);
+                }
                 if let Err(e) = claimed(ctx, &mut claims, &mut leases, done) {
                     failure = Some(e);
                     stop_claiming(ctx, &mut claims, &mut leases, &mut grace);
@@ -217,11 +249,15 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 if recorded(ctx, &claims, &mut leases, done.recorded) {
                     record_not_before = Instant::now() + record_backoff.next();
                 } else {
+                    pace.trip_took(done.took);
                     record_backoff.reset();
                 }
             }
             Some(done) = leases.running.join_next(), if !leases.running.is_empty() => match done {
-                Ok(held) => leases.finished.push(held),
+                Ok((held, took)) => {
+                    pace.job_took(took);
+                    leases.finished.push(held);
+                }
                 // Its lease was released when the task's state was dropped.
                 Err(e) => tracing::error!(queue = %cfg.queue, error = %e, "a job task ended abnormally"),
             },
@@ -270,11 +306,13 @@ fn claim(
                 .claim(limit, cfg.ttl, &cfg.owner, &cfg.queue)
                 .await
         };
-        ctx.counters.claim_latency(sent.elapsed());
+        let took = sent.elapsed();
+        ctx.counters.claim_latency(took);
         ClaimDone {
             rows,
             asked,
             reclaim,
+            took,
         }
     })
 }
@@ -304,6 +342,7 @@ fn claimed(
         rows,
         asked,
         reclaim,
+        ..
     } = done;
     match rows {
         Ok(rows) => {
@@ -341,13 +380,13 @@ fn claimed(
 }
 
 /// Registers claimed rows; they wait for a slot, or, once claims have
-/// stopped (or beyond what was asked, which the SQL never returns), go back
-/// with the next release batch.
+/// stopped, go back with the next release batch. Every row was asked for
+/// within the budget of its time: if the prefetch shrank since, the
+/// Worker holds more for a while rather than give rows back.
 fn take_up(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, rows: Vec<Claimed>) {
-    let budget = ctx.config.concurrency + ctx.config.prefetch;
     for row in rows {
         let ready = register(ctx, row);
-        if claims.open && leases.held() < budget {
+        if claims.open {
             leases.waiting.push_back(ready);
         } else {
             leases.finished.push(ready.held);

@@ -22,16 +22,16 @@ pub struct WorkerConfig {
     /// leases held and renewed like running ones, and are given back at
     /// once on shutdown. The worker holds at most `concurrency + prefetch`
     /// leases (finished jobs included until their outcome is recorded).
-    /// Default 0: a claim asks only for free slots, so no row waits in one
-    /// worker while another worker idles, and a slot waits for each
-    /// outcome to commit before its next row comes. Raise it for short
-    /// jobs (measured in benches/README.md, `bin/bench --only worker`):
-    /// with 16 slots and 10 ms jobs, `prefetch = concurrency` keeps every
-    /// slot busy (0.99× of what the handlers' time allows, 0.89× with 0);
-    /// for jobs of well under a millisecond, hundreds (claims of
-    /// `concurrency + prefetch` rows, one commit per batch) drain faster
-    /// than hand-written batch-50 SQL through 16 connections.
-    pub prefetch: usize,
+    ///
+    /// Default `None`: the Worker sizes it as it runs, from how long its
+    /// handlers take and how long its database calls take: enough waiting
+    /// rows to keep every slot busy while a refill is on its way (hundreds
+    /// for jobs of microseconds, so that each commit records hundreds of
+    /// outcomes; about one per slot for 10 ms jobs), never more than the
+    /// slots start within half of `ttl − margin`, and at most 512 leases
+    /// in all; none until its first handlers have finished. `Some(n)`
+    /// fixes it at `n` (at most 10,000).
+    pub prefetch: Option<usize>,
     /// Lease duration asked for on claim and on each renewal. Default 30 s.
     pub ttl: Duration,
     /// Time between heartbeats (one `renew_batch` for all in-flight
@@ -84,7 +84,7 @@ impl WorkerConfig {
             queue: queue.into(),
             owner: default_owner(),
             concurrency: 8,
-            prefetch: 0,
+            prefetch: None,
             ttl: Duration::from_secs(30),
             renew_every: Duration::from_secs(10),
             margin: Duration::from_secs(5),
@@ -111,10 +111,9 @@ impl WorkerConfig {
     /// Checks the settings; [`Error::InvalidInput`] names the first wrong
     /// one.
     pub fn validate(&self) -> Result<()> {
-        if self.prefetch > MAX_BATCH {
+        if let Some(prefetch) = self.prefetch.filter(|p| *p > MAX_BATCH) {
             return Err(Error::invalid(format!(
-                "prefetch must be at most {MAX_BATCH} (got {})",
-                self.prefetch
+                "prefetch must be at most {MAX_BATCH} (got {prefetch})"
             )));
         }
         if self.concurrency == 0 || self.concurrency > MAX_BATCH {

@@ -14,6 +14,7 @@ mod heartbeat;
 mod held;
 mod job;
 mod listen;
+mod pace;
 mod release;
 
 use std::collections::HashMap;
