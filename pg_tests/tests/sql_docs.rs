@@ -98,7 +98,11 @@ fn public_objects(source: &str, into: &mut BTreeMap<String, Entry>) {
                 args = rest[..close].to_owned();
                 rest = &rest[close..];
             }
-            let rest = rest.trim_start().strip_prefix("IS").expect("IS").trim_start();
+            let rest = rest
+                .trim_start()
+                .strip_prefix("IS")
+                .expect("IS")
+                .trim_start();
             let (comment, _) =
                 literal(rest).unwrap_or_else(|| panic!("the comment of {name}{args}"));
             if name.starts_with("lease._") || comment.trim_start().starts_with("Internal") {
