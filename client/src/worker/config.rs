@@ -25,7 +25,7 @@ pub struct WorkerConfig {
     /// Default 0: a claim asks only for free slots, so no row waits in one
     /// worker while another worker idles, and a slot waits for each
     /// outcome to commit before its next row comes. Raise it for short
-    /// jobs (measured in benches/README.md, `bin/bench --only worker`):
+    /// jobs (measured in docs/performance.md, `bin/bench --only worker`):
     /// with 16 slots and 10 ms jobs, `prefetch = concurrency` keeps every
     /// slot busy (0.99× of what the handlers' time allows, 0.89× with 0);
     /// for jobs of well under a millisecond, hundreds (claims of
@@ -157,9 +157,9 @@ mod tests {
         let c = WorkerConfig::new("q").with_ttl(Duration::from_secs(3));
         assert_eq!(c.renew_every, Duration::from_secs(1));
         assert_eq!(c.margin, Duration::from_millis(500));
-        // Failed on 3729e87: the grace period stayed 30 s whatever the ttl.
+        // Failed before the fix: the grace period stayed 30 s whatever the ttl.
         assert_eq!(c.grace_period, Duration::from_secs(3));
-        // Failed on 3729e87: ttl / 6 = 500 ms, connecting included, gave up
+        // Failed before the fix: ttl / 6 = 500 ms, connecting included, gave up
         // on claims that then committed on a loaded machine.
         assert_eq!(c.request_timeout, Duration::from_secs(5));
         assert!(c.validate().is_ok());
