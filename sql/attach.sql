@@ -9,7 +9,7 @@
 -- gets no columns, only row triggers whose WHEN clauses are the predicate
 -- itself, evaluated inline by the executor. A write that does not change the
 -- predicate's value (or the key of a matching row) fires nothing and touches
--- no lease.job row; measured with pgbench, see the README. When the value
+-- no lease.job row; measured with pgbench, see docs/attached-tables.md. When the value
 -- changes, lease._attached_row_changed adds or removes that key's job row:
 -- rows that start matching become claimable, rows that stop matching (or are
 -- deleted) lose their lease at once. TRUNCATE removes them all, DROP TABLE

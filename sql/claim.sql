@@ -121,7 +121,7 @@ BEGIN
         -- their rows count towards waking it for a vacuum.
         PERFORM lease._reaper_touch(got);
         -- lease._count's upsert, written out: on the batch-1 path calling
-        -- _count cost as much as its upsert (benches/README: batch 1, the
+        -- _count cost as much as its upsert (docs/archive/performance-history.md, the
         -- callgrind table).
         INSERT INTO lease.counter AS c (queue, backend, claimed, pending)
         VALUES (q, pg_backend_pid(), got, -got)

@@ -54,7 +54,7 @@ LANGUAGE plpgsql VOLATILE
 -- No SET search_path: only lease's SECURITY DEFINER functions call it, with
 -- theirs already set, and not being SECURITY DEFINER it can do nothing its
 -- caller could not. A SET here cost each call ~20,000 instructions (two
--- search-path switches; benches/README: batch 1, the callgrind table).
+-- search-path switches; docs/archive/performance-history.md, the callgrind table).
 AS $$
 BEGIN
     INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)

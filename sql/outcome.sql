@@ -137,7 +137,7 @@ COMMENT ON FUNCTION lease._job_finished() IS
 -- cancelled sets finished_at, and claims and renewals never do, so they skip
 -- the trigger before its WHEN is read. PostgreSQL parses and prepares a
 -- trigger's WHEN once per statement that may fire it: ~32,000 instructions
--- on every claim (benches/README: batch 1, the callgrind table).
+-- on every claim (docs/archive/performance-history.md, the callgrind table).
 -- attach_outcomes.rs walks every path to dead and cancelled.
 CREATE TRIGGER pg_lease_outcome AFTER UPDATE OF finished_at ON lease.job
 FOR EACH ROW

@@ -1,5 +1,5 @@
 -- The functions that pg_lease's shared library provides, written in SQL for
--- the install without it (bin/sql-install; see the README's "Installing").
+-- the install without it (bin/sql-install; see docs/operations.md, "Installing").
 -- Not part of the extension script: bin/sql-install puts each of these in
 -- place of the library function of the same signature, so every caller and
 -- every comment stays as it is.

@@ -473,7 +473,7 @@ impl Bench {
         let c1 = self.ceiling(1, 16).await?;
         out.metrics.insert("ceiling_50_rows", c50);
         out.metrics.insert("ceiling_1_rows", c1);
-        // Batch 50 at the full size and at a tenth of it (issue 15 asks for
+        // Batch 50 at the full size and at a tenth of it (the targets ask for
         // both: a short drain meets rows that were just inserted).
         for (batch, rows) in [
             (50, self.size.drain_b50),

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use pg_lease_client::JobState;
 
 /// The exit-code contract, printed under `--help` and kept word for word in
-/// the README's "Command line" section.
+/// docs/cli.md.
 pub const EXIT_CODES: &str = "\
 Exit codes:
   0  done: the answer was printed, or everything asked for happened

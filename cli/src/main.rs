@@ -1,7 +1,7 @@
 //! `pg-lease`: look at pg_lease in one database and act on it, without
 //! writing SQL against its tables. Every command but `install` and
 //! `upgrade` is a few calls of [`pg_lease_client::Client`]; the roles it
-//! needs are the SQL functions' (README, "Security").
+//! needs are the SQL functions' (docs/security.md).
 //!
 //! ```sh
 //! pg-lease --url "host=db user=ops dbname=app" status

@@ -61,7 +61,7 @@ async fn refusals_exit_1_with_their_sqlstate_and_no_connection_exits_2() {
 fn lease_admin_may_read_the_views(cluster: &Cluster, dead: i64) {
     let ops = url_as(cluster, TEST_DB, "ops");
     // status: everything, reaper health included (lease_admin may execute
-    // the functions lease.reaper_stats calls since 32078d8).
+    // the functions lease.reaper_stats calls).
     let status = pg_lease(&ops, &["--json", "status"]);
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
     assert!(doc["queues"]

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! (or set `PG_LEASE_URL`; without either, a throwaway PostgreSQL 15 is
-//! started). The README's worked example is this file. It exits non-zero
+//! started). The worked example of docs/attached-tables.md is this file. It exits non-zero
 //! unless every scheduled row ends `DELETED` exactly once and no other row
 //! was touched.
 
@@ -40,7 +40,7 @@ async fn run(url: &str) -> Result<(), BoxError> {
     )
     .await?;
 
-    // [attach] -- the part shown in the README
+    // [attach] -- the part shown in docs/attached-tables.md
     // Rows in status SCHEDULED become claimable in queue "service_instances".
     db.execute(
         "SELECT lease.attach('service_instances', pending => $$status = 'SCHEDULED'$$)",

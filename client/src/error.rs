@@ -8,7 +8,7 @@ use tokio_postgres::error::SqlState;
 /// does not hold the lease.
 pub const LEASE_LOST_SQLSTATE: &str = "LE001";
 
-/// SQLSTATEs that pg_lease uses for bad input (README, "SQL reference"),
+/// SQLSTATEs that pg_lease uses for bad input (docs/sql.md, "Conventions"),
 /// plus PostgreSQL's own numeric and datetime range errors.
 const INVALID_INPUT: &[SqlState] = &[
     SqlState::NULL_VALUE_NOT_ALLOWED,
@@ -77,7 +77,7 @@ pub enum Error {
     },
 
     /// The role lacks a grant, or may not use a restricted queue (SQLSTATE
-    /// `42501`); see the README's "Security".
+    /// `42501`); see docs/security.md.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
 
@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(bad.sqlstate(), None);
         assert!(timeout.is_transient());
         // A batch answer that does not match its input is Protocol, which
-        // the Worker retries; on 3729e87 release_and_claim reported it as
+        // the Worker retries; before the fix release_and_claim reported it as
         // invalid input, and the Worker gave those leases up.
         let mismatch = Error::Protocol("batch answer does not match".into());
         assert!(!mismatch.is_invalid_input());

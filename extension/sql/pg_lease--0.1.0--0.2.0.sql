@@ -1,4 +1,4 @@
--- pg_lease 0.1.0 -> 0.2.0 (the security pass; see the README's changelog).
+-- pg_lease 0.1.0 -> 0.2.0 (the security pass; see CHANGELOG.md).
 --
 -- Held leases, named leases, queues and attachments carry over: no row of
 -- lease.job or lease.named_lease is rewritten, and every token stays valid.
@@ -1717,7 +1717,7 @@ BEGIN
         -- their rows count towards waking it for a vacuum.
         PERFORM lease._reaper_touch(got);
         -- lease._count's upsert, written out: on the batch-1 path calling
-        -- _count cost as much as its upsert (benches/README: batch 1, the
+        -- _count cost as much as its upsert (docs/archive/performance-history.md, the
         -- callgrind table).
         INSERT INTO lease.counter AS c (queue, backend, claimed, pending)
         VALUES (q, pg_backend_pid(), got, -got)
@@ -3082,7 +3082,7 @@ LANGUAGE plpgsql VOLATILE
 -- No SET search_path: only lease's SECURITY DEFINER functions call it, with
 -- theirs already set, and not being SECURITY DEFINER it can do nothing its
 -- caller could not. A SET here cost each call ~20,000 instructions (two
--- search-path switches; benches/README: batch 1, the callgrind table).
+-- search-path switches; docs/archive/performance-history.md, the callgrind table).
 AS $$
 BEGIN
     INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)

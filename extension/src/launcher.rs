@@ -27,7 +27,7 @@
 //! holds about one vacuum cycle's dead rows, so the cycle sets its size:
 //! with a vacuum at most every 1.2–1.5 s (the pause plus the vacuum), a
 //! queue at 27k jobs/s held 26–29 MB for 10,000 live rows (11.7×); vacuumed
-//! twice a second, 16 MB (6.5×; benches/README.md, "Health"). Touches of
+//! twice a second, 16 MB (6.5×; docs/performance.md, "Health"). Touches of
 //! other databases wait for the next full pass.
 //!
 //! The file never shrinks, so what a burst adds before its first vacuum

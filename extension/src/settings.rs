@@ -22,7 +22,7 @@ pub static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// EXTENSION` asks for a look at once and claims and cancels mark their
 /// database at commit, so this is only the fallback for a lost request (two
 /// installs at the same moment). Each look costs a fork and a connection,
-/// about 14 ms of CPU (benches/README.md, "Reaper cost in idle databases").
+/// about 14 ms of CPU (docs/performance.md, "Reaper cost in idle databases").
 pub static DISCOVERY_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(300);
 
 /// `lease.sweep_batch`: rows reaped or purged per transaction; a sweep runs

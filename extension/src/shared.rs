@@ -243,7 +243,7 @@ fn reaper_touch(rows: default!(i64, 0)) {
 /// once completed. A trickle never crosses one between two passes; a burst
 /// crosses one every few hundred milliseconds, so its first vacuum comes
 /// when it is due instead of at the next pass, up to a sweep interval of
-/// churn later (benches/README.md, "Health").
+/// churn later (docs/performance.md, "Health").
 fn mark_committed(database: pg_sys::Oid, rows: u64) {
     let slot = slot_of(database);
     let (word, mask) = word_and_mask(slot);

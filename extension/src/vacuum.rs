@@ -6,7 +6,7 @@
 //! Each job leaves two dead row versions (its claim and its completion), so
 //! 10k jobs/s left ~1.2M of them between two autovacuum visits and the table
 //! grew a hundredfold; per-table autovacuum settings cannot shorten the
-//! naptime (benches/README.md, "Health"). The sweeper already visits every
+//! naptime (docs/performance.md, "Health"). The sweeper already visits every
 //! busy database every `lease.sweep_interval`, so it vacuums `lease.job`
 //! when its dead rows outnumber its live ones by `lease.vacuum_dead_rows`,
 //! and the launcher comes back every `lease.vacuum_interval` while it does

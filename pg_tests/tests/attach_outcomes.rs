@@ -7,8 +7,8 @@
 //!
 //! Before this, dead letters and cancels of attached rows were never
 //! reflected in the domain (the application polled admin views to move
-//! SCHEDULED to FAILED); each test failed on main at 3729e87, where attach
-//! had neither option. The deliberate break each was checked against is in
+//! SCHEDULED to FAILED); each test failed before, when attach had neither
+//! option. The deliberate break each was checked against is in
 //! its doc comment ("Broken on purpose").
 
 use std::time::Duration;
@@ -188,8 +188,8 @@ async fn dead_letters_and_cancels_are_written_back_to_the_table() {
 
 /// Claims and renewals never reach the outcome trigger, so PostgreSQL skips
 /// it without preparing its WHEN (which it does once per statement that may
-/// fire the trigger: ~32,000 instructions on every claim, benches/README:
-/// batch 1). The trigger is limited to `UPDATE OF finished_at`, which none
+/// fire the trigger: ~32,000 instructions on every claim, docs/archive/
+/// performance-history.md, batch 1). The trigger is limited to `UPDATE OF finished_at`, which none
 /// of them sets; the test above walks every path that does.
 ///
 /// Failed before this change: the trigger was `UPDATE OF state`, which

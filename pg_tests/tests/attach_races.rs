@@ -3,7 +3,7 @@
 //! while its lease holder writes it under `lease.fence`, and completions
 //! that would leave a matching row without a lease.
 //!
-//! Each test failed on main at 3729e87 (named in its doc comment).
+//! Each test failed before its fix (named in its doc comment).
 
 use std::time::Duration;
 
@@ -215,7 +215,7 @@ async fn cancel_by_key_requeue_and_batch_named_release() {
 /// while an acknowledgement consumer, in one transaction, moved several
 /// rows out of the predicate in another order (each trigger removing a
 /// lease row); each waited for the other and one died with 40P01 (every
-/// round on main at 3729e87). Now a heartbeat skips rows locked by others
+/// round before the fix). Now a heartbeat skips rows locked by others
 /// and reports them busy (held NULL, not extended).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_and_a_consumer_never_deadlock() {
@@ -298,8 +298,8 @@ async fn a_heartbeat_and_a_consumer_never_deadlock() {
 
 /// Domain-driven order: a batch processor claims items by SLO deadline (to
 /// the microsecond), set at attach for existing rows, on insert for new
-/// ones, and moved when a pending item's deadline changes. On main at
-/// 3729e87 attach had no order_by and claims followed insertion order.
+/// ones, and moved when a pending item's deadline changes. Before,
+/// attach had no order_by and claims followed insertion order.
 #[tokio::test]
 async fn claims_follow_the_order_by_column() {
     let cluster = Cluster::start();

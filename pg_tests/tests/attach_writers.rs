@@ -8,7 +8,7 @@
 //!
 //! Deadlocks are counted by the server (`pg_stat_database.deadlocks`), so a
 //! deadlock is seen whichever side PostgreSQL aborts, a heartbeat included.
-//! Each test failed on main at 3729e87 and against the deliberate break
+//! Each test failed before its fix and against the deliberate break
 //! named in its doc comment ("Broken on purpose").
 
 use std::collections::HashSet;

@@ -3,11 +3,11 @@
 //! transactions of their own move the head forward, and every writer that
 //! makes a row pending moves it back if need be.
 //!
-//! Issue 15 reported the defect: a claim walked every entry that earlier
+//! The defect: a claim walked every entry that earlier
 //! claims left at the front of `job_ready`, and a held snapshot kept them
 //! all (408 buffers read for 16 index entries mid-drain; with a pinned
-//! snapshot, 0.28× of the unpinned drain rate). The first test failed on
-//! main at 5282d23: its claim read 137 index blocks (and 427 heap blocks).
+//! snapshot, 0.28× of the unpinned drain rate). The first test failed before
+//! queue heads: its claim read 137 index blocks (and 427 heap blocks).
 //! The other tests guard the head's one rule, that no pending row is ever
 //! before it, and the claims' raise: each was broken on purpose in the
 //! installed script (the writer's `_lower_head` call removed, the lock in
@@ -85,7 +85,7 @@ async fn early_row_behind_the_head(pg: &Client, queue: &str) -> (i64, i64) {
     early
 }
 
-/// Fails on main at 5282d23 (137 index blocks): with a snapshot held since
+/// Failed before queue heads (137 index blocks): with a snapshot held since
 /// before the drain, a claim walked all 19,000 entries the drain left.
 #[tokio::test]
 async fn a_claim_reads_nothing_that_was_drained_under_a_held_snapshot() {

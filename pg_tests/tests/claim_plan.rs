@@ -2,7 +2,7 @@
 //! said when a session first claimed.
 //!
 //! `lease.claim_pending` keeps one generic plan per session until
-//! `lease.job`'s statistics change. Found while profiling issue 15's batch-1
+//! `lease.job`'s statistics change. Found while profiling the batch-1
 //! drain: a plan made while the table was small, or while its statistics
 //! counted no live rows (a drained queue after a vacuum), read the whole
 //! backlog on every claim once a burst arrived — a sequential scan of the
@@ -10,7 +10,7 @@
 //! of `job_ready` and a sort. It lasted until the next ANALYZE or VACUUM of
 //! the table replanned it. A pgbench batch-1 drain of 40,000 rows ran at 45
 //! cycles/s (22 ms of CPU each) in such a session, 1,510 with the claim
-//! planned without those scans. Both tests failed on main at cbba6c2
+//! planned without those scans. Both tests failed before the fix
 //! (391 heap blocks; 20,000 index entries). Autovacuum is off for the table
 //! in both, so that no ANALYZE replans the claim in between, as none does
 //! in the minute before autovacuum comes round.
@@ -49,7 +49,7 @@ async fn enqueue(pg: &Client, n: i32) {
     .expect("enqueue");
 }
 
-/// Fails on main at cbba6c2: the claim read all 391 heap blocks. A worker
+/// Failed before the fix: the claim read all 391 heap blocks. A worker
 /// that started on a small queue, then met a burst.
 #[tokio::test]
 async fn a_claim_planned_on_a_small_table_reads_little_of_a_large_one() {
@@ -61,7 +61,7 @@ async fn a_claim_planned_on_a_small_table_reads_little_of_a_large_one() {
     a_claim_reads_little(&pg).await;
 }
 
-/// Fails on main at cbba6c2: the claim read all 20,000 pending entries of
+/// Failed before the fix: the claim read all 20,000 pending entries of
 /// `job_ready` and sorted them. A queue analysed while full, drained and
 /// vacuumed (its statistics: no live rows), planned by a worker's empty
 /// claim, then a burst.

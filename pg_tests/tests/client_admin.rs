@@ -115,7 +115,7 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
 
 /// The Worker's own sessions (heartbeat and listener) show its owner as
 /// `application_name`, so operators can tell replicas apart in
-/// pg_stat_activity. On main at 3729e87 they carried none.
+/// pg_stat_activity. Before the fix they carried none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_workers_sessions_carry_its_owner() {
     use pg_lease_client::{CancellationToken, Worker, WorkerConfig};
@@ -186,7 +186,7 @@ async fn an_admin_reads_every_monitoring_view() {
 /// Each claim reports how long its row had been claimable, by the database
 /// clock alone (`Lease::waited`, the Worker's `pg_lease_claim_wait_seconds`):
 /// from its `run_at` for a delayed row, from its enqueue otherwise. New with
-/// issue 17 (claims did not say when a row became claimable).
+/// `eligible_at` (claims did not say when a row became claimable).
 #[tokio::test]
 async fn claims_report_how_long_rows_waited() {
     use pg_lease_client::EnqueueOptions;

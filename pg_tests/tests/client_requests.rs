@@ -2,7 +2,7 @@
 //! reconnect does not eat, and [`Job::transaction`], a fenced transaction
 //! on a connection of the worker's own.
 //!
-//! Each failed on main at 3729e87 (named in its doc comment): the budget
+//! Each failed before its fix (named in its doc comment): the budget
 //! included connecting, and there was no `Job::transaction`.
 
 use std::sync::Arc;

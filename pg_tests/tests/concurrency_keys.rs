@@ -6,7 +6,7 @@
 //! every row has finished, none is left held, and the slot bookkeeping
 //! agrees with the rows.
 //!
-//! Failed on main at bb69627 (no concurrency keys). Proven once against a
+//! Failed before per-key concurrency existed. Proven once against a
 //! deliberate break: with `lease._hold` admitting a new row when a plain
 //! read of the key's `active` count was below the limit, and locking the
 //! slot row only afterwards to add to it (check, then act), the monitor saw

@@ -40,7 +40,7 @@
 //!   for more than 300 ms (handlers run outside transactions), except a
 //!   worker the test itself stopped or partitioned, or a `Worker` process
 //!   that a `stall` item froze (its only thread blocked, a transaction of
-//!   another slot waits with it: seen once in CI on 2026-12-02, 17 samples
+//!   another slot waits with it: seen once in CI, 17 samples
 //!   of one w3-t0 session after `lease.fence`).
 //!
 //! The control (`control_without_fencing_finds_violations`) runs the same
@@ -1025,7 +1025,7 @@ async fn fenced_workload_survives_faults() {
 /// (3 processes × 3 slots): its claims, heartbeats, local deadlines,
 /// reconnects and fenced transactions under SIGSTOP, kill -9, terminated
 /// sessions, a cut, delayed and partitioned proxy, and server restarts.
-/// New with issue 14 (the suite drove only hand-written SQL before).
+/// New with the Worker rework (the suite drove only hand-written SQL before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_survives_faults() {
     let outcome = run(Params {

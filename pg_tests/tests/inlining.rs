@@ -6,8 +6,8 @@
 //! volatile than its declaration. Otherwise every statement that calls it
 //! runs it through the SQL-function executor, which parses and plans the
 //! body again per statement: ~210,000 instructions per call on PostgreSQL
-//! 15, twice in every `release` that updates its row (benches/README:
-//! "Completions").
+//! 15, twice in every `release` that updates its row (docs/archive/
+//! performance-history.md, "Completions").
 //!
 //! Failed before this change: `lease.next_state` cast its CASE of text
 //! literals to `lease.job_state` as a whole, a run-time text-to-enum

@@ -1,9 +1,9 @@
 //! `lease.metrics`: per-queue gauges and totals that cost O(queues), kept
 //! by counters that every state change adds to (sql/metrics.sql).
 //!
-//! Issue 17 found that the only per-queue numbers, `lease.queue_stats`,
-//! aggregate the whole table on every poll. These tests failed on main at
-//! 98733da, which has no `lease.metrics`; the workload test was also run
+//! Before it, the only per-queue numbers, `lease.queue_stats`,
+//! aggregate the whole table on every poll. These tests failed before
+//! `lease.metrics` existed; the workload test was also run
 //! against a deliberate break (the `_count` call removed from
 //! `release_batch`) and failed there on the pending gauge.
 

@@ -7,8 +7,8 @@
 //! Needs pg_cron for the server under test (Debian's postgresql-15-cron,
 //! 1.4: a minute is its shortest schedule, so this test takes up to about
 //! a minute); where the server has no pg_cron (the PostgreSQL 18 wheel) it
-//! says so and passes. Failed on main at bb69627, which had no install
-//! without the library.
+//! says so and passes. Failed before the install without the library
+//! existed.
 
 use std::process::Command;
 use std::time::Duration;

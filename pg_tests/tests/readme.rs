@@ -1,11 +1,15 @@
-//! The README's worked example runs as written: its SQL block through psql
-//! against a real cluster, and its Rust block is the body of
+//! The worked example of `docs/attached-tables.md` (the attached-table guide
+//! the README links to) runs as written: its SQL block through psql against
+//! a real cluster, and its Rust block is the body of
 //! `client/examples/attached_table.rs` (which `bin/test` runs).
 
 use std::path::Path;
 use std::process::Command;
 
 use pg_tests::{pg_bin_dir, Cluster, SUPERUSER, TEST_DB};
+
+/// Where the worked example is.
+const GUIDE: &str = "docs/attached-tables.md";
 
 fn repo_file(path: &str) -> String {
     let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
@@ -15,7 +19,7 @@ fn repo_file(path: &str) -> String {
 /// The body of the first fenced code block after `marker` (or after the
 /// first line starting with `opening` when `marker` is empty).
 fn code_block_after(text: &str, marker: &str, opening: &str) -> String {
-    let start = text.find(marker).expect("marker in README");
+    let start = text.find(marker).expect("marker in the document");
     let rest = &text[start..];
     let open = rest.find(opening).expect("opening fence") + opening.len();
     let body = &rest[open..];
@@ -25,8 +29,8 @@ fn code_block_after(text: &str, marker: &str, opening: &str) -> String {
 
 #[test]
 fn the_attach_sql_example_runs_as_written() {
-    let readme = repo_file("README.md");
-    let sql = code_block_after(&readme, "<!-- attach-sql -->", "```sql");
+    let guide = repo_file(GUIDE);
+    let sql = code_block_after(&guide, "<!-- attach-sql -->", "```sql");
     let cluster = Cluster::start();
     let out = Command::new(pg_bin_dir().join("psql"))
         .args(["-h", "127.0.0.1", "-p", &cluster.port().to_string()])
@@ -51,7 +55,7 @@ fn the_attach_sql_example_runs_as_written() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the README's SQL failed:\n{}\n{stdout}",
+        "the SQL of {GUIDE} failed:\n{}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
     // The last query's answer: row 1 is done, row 3 still pending.
@@ -67,8 +71,8 @@ fn the_attach_sql_example_runs_as_written() {
 
 #[test]
 fn the_attach_rust_example_is_the_examples_code() {
-    let readme = repo_file("README.md");
-    let shown = code_block_after(&readme, "<!-- attach-sql -->", "```rust");
+    let guide = repo_file(GUIDE);
+    let shown = code_block_after(&guide, "<!-- attach-sql -->", "```rust");
     let example = repo_file("client/examples/attached_table.rs");
     let region = example
         .split("// [attach]")
@@ -91,6 +95,6 @@ fn the_attach_rust_example_is_the_examples_code() {
         + "\n";
     assert_eq!(
         shown, dedented,
-        "README's Rust block differs from client/examples/attached_table.rs"
+        "the Rust block of {GUIDE} differs from client/examples/attached_table.rs"
     );
 }

@@ -1,7 +1,7 @@
 //! The sweeper's vacuum of `lease.job` (extension/src/vacuum.rs), against
 //! preloaded clusters with autovacuum off, so that nothing else vacuums.
 //!
-//! Issue 15 reported the defect: under sustained churn `lease.job` grew from
+//! The defect: under sustained churn `lease.job` grew from
 //! 1.5 MB to 185 MB in 120 s, because only autovacuum cleaned it, once per
 //! naptime. Both tests failed before the sweeper vacuumed (no vacuum ever
 //! ran). Broken on purpose: with the horizon check removed from
@@ -161,7 +161,7 @@ async fn a_pinned_snapshot_does_not_make_the_sweeper_vacuum_every_pass() {
 /// The sweeper's vacuum must not try to shrink `lease.job`'s file: on a
 /// busy queue it cannot get the exclusive lock that needs, and `VACUUM`
 /// keeps asking for it for five seconds, during which the sweeper neither
-/// sweeps nor vacuums again. Issue 15's churn run: of every ~5 s vacuum
+/// sweeps nor vacuums again. In a churn run before the fix, of every ~5 s vacuum
 /// pass, 4.4–5.2 s were spent in "truncating heap", and the table carried
 /// 75 MB of dead rows at 19k jobs/s. A session holding an ACCESS SHARE lock
 /// (without a snapshot, so the horizon still moves) stands in for the
@@ -198,8 +198,8 @@ async fn the_sweepers_vacuum_does_not_wait_to_shrink_a_busy_table() {
 }
 
 /// Autovacuum must not hold `lease.job` long either: while it runs, the
-/// sweeper's vacuum (`SKIP_LOCKED`) skips the table. In issue 15's churn
-/// run one autovacuum pass took 10 s (5.7 s of cost-throttled scanning, then
+/// sweeper's vacuum (`SKIP_LOCKED`) skips the table. In a churn run
+/// before the fix one autovacuum pass took 10 s (5.7 s of cost-throttled scanning, then
 /// the same 5 s wait to shrink the file) and the table grew from 21 MB to
 /// 53 MB behind it. The table's own settings now turn both off for
 /// autovacuum. Here autovacuum is throttled hard (a cost limit of 1) and a
@@ -238,8 +238,8 @@ async fn autovacuum_neither_crawls_through_nor_waits_to_shrink_lease_job() {
 }
 
 /// Under churn `lease.job` holds about one vacuum cycle's dead rows, and
-/// the cycle was the sweep interval plus the vacuum: issue 15's churn run
-/// held 11.7× the live rows' size at 27k jobs/s with a vacuum every
+/// the cycle was the sweep interval plus the vacuum: a churn run before
+/// the fix held 11.7× the live rows' size at 27k jobs/s with a vacuum every
 /// 1.2 s. A database vacuumed within the last sweep interval is now visited
 /// every `lease.vacuum_interval`. Here the sweep interval is 5 s, so
 /// passes alone would vacuum at most three times in 12 s of churn. Fails on
@@ -362,7 +362,7 @@ async fn cluster_between_passes() -> (Cluster, Client) {
 }
 
 /// The table file never shrinks, so the churn before a burst's first
-/// vacuum stays: in a 600 s churn run of issue 15 the heap grew from
+/// vacuum stays: in a 600 s churn run before the fix the heap grew from
 /// 1.7 MB to 9.8 MB before the sweeper first came, which was up to a sweep
 /// interval after the burst began. A database's claims now wake the
 /// launcher every `lease.vacuum_dead_rows / 2` rows.

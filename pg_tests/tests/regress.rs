@@ -8,7 +8,7 @@
 //! `PG_LEASE_REGRESS_ACCEPT=1` writes the outputs as the new expected files
 //! instead (then read the diff in git before committing it).
 //!
-//! Failed on main at bb69627, which had no golden files.
+//! Failed before the golden files existed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! Retry jitter: rows that fail together come back spread out, not in
 //! lockstep (`create_queue(..., jitter => 'full')`, the default).
 //!
-//! Failed on main at 3729e87, where every retry waited exactly the
+//! Failed before the fix, when every retry waited exactly the
 //! backoff: 200 rows failed in one batch all became claimable again in the
 //! same instant.
 

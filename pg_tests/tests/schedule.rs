@@ -1,4 +1,4 @@
-//! Periodic work (`lease.schedule`, issue 18) against real clusters: each
+//! Periodic work (`lease.schedule`) against real clusters: each
 //! occurrence is enqueued exactly once while several sweepers race and a
 //! consumer drains the rows as fast as they come (so a duplicate could not
 //! hide behind the occurrence key of a row still retained), and the

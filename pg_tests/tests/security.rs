@@ -3,9 +3,8 @@
 //! another queue, a lease_admin that does not own a table), never as the
 //! superuser, and checks both the refusal and that nothing changed.
 //!
-//! Every test here failed on main at 3729e87 (before the security pass); the
-//! finding it reproduces is named in its doc comment ("Finding N" of the
-//! security issue).
+//! Every test here failed before the security pass; its doc comment says
+//! which weakness of the review it reproduces.
 
 use std::time::Duration;
 
@@ -44,7 +43,7 @@ async fn fails(client: &Client, sql: &str) -> String {
     }
 }
 
-/// Finding 1 (critical): a database owner's operator ran as the superuser
+/// Critical: a database owner's operator ran as the superuser
 /// inside the reaper. Mallory, with nothing but CREATEDB, creates a database
 /// whose search_path puts her own `=` before pg_catalog's; on main the
 /// sweeper's first query resolved it and made her superuser within a second.
@@ -103,7 +102,7 @@ async fn a_database_owner_cannot_run_code_in_the_reaper() {
     }
 }
 
-/// Finding 1 and the reaper's cost: on main the launcher forked a sweeper
+/// The same weakness and the reaper's cost: before, the launcher forked a sweeper
 /// into every database every interval, extension or not, idle or not. Here,
 /// over two seconds (twenty intervals), a database without pg_lease and an
 /// idle one with it are each visited at most twice (discovery, and the
@@ -169,7 +168,7 @@ async fn billing(cluster: &Cluster, su: &Client) -> (i64, i64) {
         )
         .await;
     if let Err(err) = attached {
-        // Finding 6 on main; attach as the superuser so the rest can run.
+        // A lease_admin could not attach before the fix; attach as su instead.
         eprintln!("attach as ops: {err}");
         su.batch_execute(
             "SELECT lease.attach('invoices', $$status = 'open'$$, queue => 'billing')",
@@ -187,7 +186,7 @@ async fn billing(cluster: &Cluster, su: &Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-/// Finding 2: `sync_attached` was granted to every lease_worker and ended or
+/// `sync_attached` was granted to every lease_worker and ended or
 /// resurrected rows of any queue by key, and a worker could aim the
 /// attached-table trigger function at another tenant's queue from a table
 /// of its own. Bob (a lease_worker with no business in billing) tries all
@@ -235,7 +234,7 @@ async fn a_worker_cannot_reach_another_queue_through_attached_table_internals() 
     assert_eq!(others, 1, "inv-9 still pending, inv-3 not resurrected");
 }
 
-/// Finding 2, the admin half: `register_attachment` and
+/// The admin half of the same: `register_attachment` and
 /// `unregister_attachment` were callable directly by any lease_admin, so ops
 /// could squat a table it does not own or drop another owner's attachment.
 #[tokio::test]
@@ -265,7 +264,7 @@ async fn an_admin_cannot_attach_or_detach_a_table_it_does_not_own() {
     assert_eq!(attached, 1, "only billing is attached");
 }
 
-/// Finding 3: enqueue into an attached table's queue handed out a row that
+/// Enqueue into an attached table's queue handed out a row that
 /// did not match the predicate. It is refused with 42809 now.
 #[tokio::test]
 async fn enqueue_into_an_attached_queue_is_refused() {
@@ -284,7 +283,7 @@ async fn enqueue_into_an_attached_queue_is_refused() {
     assert_eq!(n, 0);
 }
 
-/// Finding 5: `backoff` multiplied before capping, so one row with a high
+/// `backoff` multiplied before capping, so one row with a high
 /// attempt count made every sweep of the database fail with 22008 and no
 /// other queue's expired lease was recovered. Alice drives the attempt up
 /// with `reclaim_own` (which on main also passed max_attempts).
@@ -330,7 +329,7 @@ async fn one_row_cannot_stop_the_reaper() {
     );
 }
 
-/// Finding 5: queue options were compared as intervals only, so absurd
+/// Queue options were compared as intervals only, so absurd
 /// values ('300000 years') were accepted and later overflowed.
 #[tokio::test]
 async fn queue_options_are_validated_by_value() {
@@ -358,7 +357,7 @@ async fn queue_options_are_validated_by_value() {
     );
 }
 
-/// Finding 8: the one-day cap on ttl was checked by interval comparison,
+/// The one-day cap on ttl was checked by interval comparison,
 /// which mixed units pass: '1000 years -359999 days' compares as one day
 /// but leases for 5,242 days.
 #[tokio::test]
@@ -381,7 +380,7 @@ async fn a_lease_cannot_outlive_the_ttl_cap() {
     assert_eq!(held, 0);
 }
 
-/// Finding 9: infinite times were accepted: '-infinity' jumped every queue
+/// Infinite times were accepted: '-infinity' jumped every queue
 /// and made `queue_stats` fail with 22008, 'infinity' parked a row forever.
 #[tokio::test]
 async fn infinite_times_are_refused() {
@@ -414,7 +413,7 @@ async fn infinite_times_are_refused() {
     assert!(stats >= 1);
 }
 
-/// Finding 6: attach and detach failed with 42501 for a lease_admin that
+/// Attach and detach failed with 42501 for a lease_admin that
 /// owns the table (EXECUTE on an internal check function was missing).
 #[tokio::test]
 async fn an_admin_attaches_and_detaches_its_own_table() {
@@ -435,7 +434,7 @@ async fn an_admin_attaches_and_detaches_its_own_table() {
     assert_eq!(removed, 1);
 }
 
-/// Finding 7: there was no per-queue access control. With `lease.grant`,
+/// There was no per-queue access control. With `lease.grant`,
 /// bob (granted billing-free queue `beta` only) can do nothing to alice's
 /// queue `alpha`, not even with her exact token, owner name and id.
 #[tokio::test]
@@ -508,7 +507,7 @@ async fn a_worker_of_one_queue_cannot_touch_another() {
         .expect("bob's queue");
 }
 
-/// Finding 4: pg_dump/pg_restore lost every queue, job, named lease and
+/// pg_dump/pg_restore lost every queue, job, named lease and
 /// attachment while the attached table's triggers were restored, so inserts
 /// into it failed with 23503. After a restore, held leases still renew under
 /// their tokens, attached tables work, and new ids continue past old ones.
@@ -577,7 +576,7 @@ async fn lease_state_survives_dump_and_restore() {
     assert!(epoch_again > 0);
 }
 
-/// Finding 4, the other half: DROP and CREATE EXTENSION restarted ids and
+/// The other half of that: DROP and CREATE EXTENSION restarted ids and
 /// named-lease epochs, so the first claim (or acquisition) after it handed
 /// out a token that a zombie of the old install still held.
 #[tokio::test]
@@ -640,7 +639,7 @@ async fn a_reinstall_never_reissues_a_token() {
     assert_eq!(sqlstate(&fenced).as_deref(), Some("LE001"));
 }
 
-/// Finding 10: DDL on an attached table desynchronised it. After renaming
+/// DDL on an attached table desynchronised it. After renaming
 /// the key column new rows got key NULL; TRUNCATE left claimable rows for
 /// rows that were gone; after DROP TABLE the queue could not be dropped nor
 /// the name attached again; and a predicate literal containing the internal
@@ -689,7 +688,7 @@ async fn ddl_on_an_attached_table_is_followed() {
     assert_eq!(keys, "1");
 }
 
-/// Finding 11: two concurrent `attach` calls on one table: the second
+/// Two concurrent `attach` calls on one table: the second
 /// failed with 23505 instead of the documented 42710.
 #[tokio::test]
 async fn concurrent_attach_reports_already_attached() {
@@ -716,7 +715,7 @@ async fn concurrent_attach_reports_already_attached() {
     assert_eq!(sqlstate(&err).as_deref(), Some("42710"), "{err}");
 }
 
-/// Finding 11: a session that left `lease.sweep()` open in a transaction
+/// A session that left `lease.sweep()` open in a transaction
 /// made the sweeper of its database wait out its lock timeout every pass,
 /// which delayed recovery in every other database by seconds.
 #[tokio::test]
@@ -751,7 +750,7 @@ async fn a_stuck_database_does_not_delay_the_others() {
     );
 }
 
-/// Finding 11: when something else (parallel query of any role) held every
+/// When something else (parallel query of any role) held every
 /// worker slot, nothing was swept and only the server log said so. The
 /// shortage is counted in `lease.reaper_stats` now. Here the launcher's own
 /// slot is the only one.

@@ -4,9 +4,9 @@
 //! superuser and a worker of a restricted queue; a role that may only
 //! connect against the names of restricted queues.
 //!
-//! Each test reproduces a finding of the review on main before this change,
-//! where the write-back ran inside the transaction that ended the row; the
-//! finding is named in its doc comment.
+//! Each test reproduces a weakness the review found before the fix, when
+//! the write-back ran inside the transaction that ended the row; its doc
+//! comment says which, and how severe.
 
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ async fn is_superuser(su: &Client, role: &str) -> bool {
     .await
 }
 
-/// Finding 1 (critical): a write-back's session settings leaked into the
+/// Critical: a write-back's session settings leaked into the
 /// session of whoever ended the row. The tenant's `on_cancel` sets a
 /// session-wide search_path that puts its own `lower` first; a superuser
 /// cancels the row and then calls `lower`. On main the superuser's session
@@ -93,7 +93,7 @@ async fn a_write_back_leaves_no_setting_in_the_session_that_ended_the_row() {
     assert!(!is_superuser(&su, "tenant").await);
 }
 
-/// Finding 2 (critical): a deferred trigger on the attached table fired at
+/// Critical: a deferred trigger on the attached table fired at
 /// the commit of whoever ended the row, as that role. With a benign
 /// `on_cancel`, the tenant's constraint trigger (DEFERRABLE INITIALLY
 /// DEFERRED) made the tenant superuser when a superuser's cancel committed
@@ -166,7 +166,7 @@ async fn a_deferred_trigger_fires_as_the_table_owner_not_as_the_canceller() {
     assert_eq!(who, ["tenant"]);
 }
 
-/// Finding 3 (high): a write-back acted with the grants of the role that
+/// High: a write-back acted with the grants of the role that
 /// ended the row. The tenant, demoted to a plain lease_worker, puts a claim
 /// of worker `b`'s restricted queue `qb` into `on_dead`; `b` fails the last
 /// attempt of the tenant's row. On main the tenant's code claimed `qb` as
@@ -256,7 +256,7 @@ async fn write_backs_are_refused_under_set_role() {
     assert_eq!(waiting, 1);
 }
 
-/// Finding 4 (info): every role that could connect learnt restricted
+/// Informational: every role that could connect learnt restricted
 /// queues' names, and when work arrived in them, from `LISTEN
 /// pg_lease_ready`. Here each queue has its own channel, without payload,
 /// whose name only a role that may work the queue can get: `nobody` (LOGIN
@@ -318,7 +318,7 @@ async fn only_roles_that_may_work_a_queue_hear_of_its_work() {
     assert_eq!(heard_by_nobody.try_recv().ok(), None, "nobody heard of qb");
 }
 
-/// Finding 5 (low): `enqueue` took any payload (200 MB in 5 s on main).
+/// Low: `enqueue` took any payload (200 MB in 5 s before the fix).
 /// Here a worker's payload over the queue's limit (1 MiB by default) is
 /// refused with 22023 by `enqueue`, `enqueue_batch` and a `fenced_update`
 /// that would grow it, and nothing changes; an admin raises the limit per

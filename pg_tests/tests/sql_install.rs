@@ -3,7 +3,7 @@
 //! equals the extension's catalog except for the documented differences,
 //! and its epochs stay failover-safe across a promotion without any C.
 //!
-//! Failed on main at bb69627, which had no `bin/sql-install`. Broken on
+//! Failed before `bin/sql-install` existed. Broken on
 //! purpose (the stand-in `lease.epoch_floor()` answering 0): the first
 //! claim's epoch was 1, not the timeline's floor.
 

@@ -7,7 +7,7 @@
 //! in code, outside comments, string literals (messages, hints, dynamic SQL)
 //! and `COMMENT ON` statements.
 //!
-//! Failed on main at f5fe55f: the lists of 13 of the 17 files were off
+//! Failed before the fix: the lists of 13 of the 17 files were off
 //! (`claim` required only `access` and `lease` but used `check`, `metrics`
 //! and `outcome` too), and the files were not layered: `attach` used
 //! `outcome`, which used `attach`.

@@ -4,7 +4,7 @@
 //! holder of the sweeper's named lease sweeps, and a sweep under a stale
 //! epoch is refused.
 //!
-//! Failed on main at bb69627, which had no `Sweeper`. Broken on purpose
+//! Failed before the `Sweeper` existed. Broken on purpose
 //! (the Sweeper's loop not calling `sweep_fenced`): the expired leases were
 //! still leased after 10 s.
 

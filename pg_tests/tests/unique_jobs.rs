@@ -3,7 +3,7 @@
 //! under concurrent producers; unlike `key`, a finished row does not block
 //! a new one.
 //!
-//! Failed on main at 3729e87, which had no unique_key.
+//! Failed before `unique_key` existed.
 
 use std::collections::HashSet;
 

@@ -2,7 +2,7 @@
 //! and over, with `reclaim_own`: each restart takes back what its earlier
 //! incarnation held, at once and under new epochs.
 //!
-//! On main at 3729e87 a restarted Worker kept reclaiming while its calls
+//! Before the fix a restarted Worker kept reclaiming while its calls
 //! came back full, re-issuing rows it was already running (tests/
 //! worker_reclaim.rs has the two-row repro); here the same property holds
 //! under churn: no row is started twice by one process, and every row
@@ -33,7 +33,7 @@ fn start(conn: &str, owner: &str) -> Child {
 /// taken back (some rows started more than once, in different processes).
 ///
 /// Broken on purpose: with the Worker reclaiming on every claim that came
-/// back full (the 3729e87 loop), rows were started twice by one process.
+/// back full (the loop before the fix), rows were started twice by one process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_restarted_workers_run_each_row_once_per_process() {
     let churn_secs: u64 = std::env::var("PG_LEASE_CHURN_SECS")

@@ -2,7 +2,7 @@
 //! does not return (a failed heartbeat, a handler error) are logged, never
 //! dropped, with the job's fields on its span.
 //!
-//! Failed on main at 3729e87, where the client logged nothing at all.
+//! Failed before the fix, when the client logged nothing at all.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

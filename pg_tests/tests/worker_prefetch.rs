@@ -2,8 +2,8 @@
 //! the invariant "never more leases than slots" becomes "never more
 //! handlers than `concurrency`, never more leases than `concurrency +
 //! prefetch`", and rows that never started are given back at once on
-//! shutdown. New with prefetch; on main at 3729e87 the Worker had none and
-//! drained no-op jobs at 5.3k/s where it now does 22k/s (benches/README.md).
+//! shutdown. New with prefetch; before it the Worker had none and
+//! drained no-op jobs at 5.3k/s where it now does 22k/s (docs/performance.md).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The Worker taking back its own leases after a restart
 //! (`WorkerConfig::reclaim_own`).
 //!
-//! Failed on main at 3729e87: the Worker kept calling `reclaim_own` while
+//! Failed before the fix: the Worker kept calling `reclaim_own` while
 //! each call came back full, so once its earlier incarnation held as many
 //! leases as it has slots, every freed slot re-issued a row it was already
 //! running, under a new epoch; the old handler was silently fenced and ran

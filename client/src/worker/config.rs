@@ -156,9 +156,9 @@ mod tests {
         let c = WorkerConfig::new("q").with_ttl(Duration::from_secs(3));
         assert_eq!(c.renew_every, Duration::from_secs(1));
         assert_eq!(c.margin, Duration::from_millis(500));
-        // Failed on 3729e87: the grace period stayed 30 s whatever the ttl.
+        // Failed before the fix: the grace period stayed 30 s whatever the ttl.
         assert_eq!(c.grace_period, Duration::from_secs(3));
-        // Failed on 3729e87: ttl / 6 = 500 ms, connecting included, gave up
+        // Failed before the fix: ttl / 6 = 500 ms, connecting included, gave up
         // on claims that then committed on a loaded machine.
         assert_eq!(c.request_timeout, Duration::from_secs(5));
         assert!(c.validate().is_ok());

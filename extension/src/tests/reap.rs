@@ -123,8 +123,8 @@ mod tests {
         assert_eq!(sqlstate("SELECT lease.sweep(0)"), "22023");
     }
 
-    /// One queue's rows must not stop the reaper for the others. On main at
-    /// 3729e87 the whole sweep failed and the good queue's expired lease
+    /// One queue's rows must not stop the reaper for the others. Before the
+    /// fix the whole sweep failed and the good queue's expired lease
     /// stayed leased.
     #[pg_test]
     fn a_failing_queue_is_recorded_and_stops_no_other_queue() {

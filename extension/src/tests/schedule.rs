@@ -6,7 +6,7 @@ mod tests {
 
     use crate::tests::support::*;
 
-    /// lease.schedule (issue 18): first occurrence, keys, exactly one row
+    /// lease.schedule: first occurrence, keys, exactly one row
     /// per occurrence from the sweep step, `skip` and `catch_up` after an
     /// outage, unschedule, and the queue's schedules going with the queue.
     #[pg_test]

@@ -1,5 +1,5 @@
 -- Bad input to every SQL function: an ERROR with the documented SQLSTATE
--- (README, "SQL reference") and nothing changed. Only the code is shown.
+-- (docs/sql.md) and nothing changed. Only the code is shown.
 \set VERBOSITY sqlstate
 SELECT lease.create_queue('q', concurrency => 2);
 SELECT lease.enqueue('q', '{}') AS id \gset
