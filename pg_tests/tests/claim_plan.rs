@@ -86,3 +86,31 @@ async fn a_claim_planned_on_a_drained_queue_reads_little_of_a_burst() {
 
     a_claim_reads_little(&pg).await;
 }
+
+/// The claim is never compiled by JIT. `claim_pending` turns sorts off for
+/// its plan, and returning its rows in claim order takes a sort all the
+/// same: costed at the planner's penalty for a disabled node, it crossed
+/// every JIT threshold, and each claim spent 2.4 s compiling (a 200k-row
+/// pgbench drain that should take seconds ran for minutes). Failed before
+/// the function turned JIT off: the server log showed "JIT:" under the
+/// claim's plan.
+#[tokio::test]
+async fn a_claim_is_not_compiled_by_jit() {
+    let cluster = Cluster::start();
+    let su = cluster.connect_to(pg_tests::TEST_DB, "postgres").await;
+    enqueue(&su, 100).await;
+    su.batch_execute(
+        "LOAD 'auto_explain';
+         SET auto_explain.log_min_duration = 0;
+         SET auto_explain.log_nested_statements = on;
+         SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'w');",
+    )
+    .await
+    .expect("a claim, explained");
+    let log = cluster.server_log();
+    assert!(
+        log.contains("lease.job_ready") || log.contains("job_ready"),
+        "auto_explain logged the claim's plan"
+    );
+    assert!(!log.contains("JIT:"), "the claim was compiled by JIT");
+}
