@@ -10,6 +10,8 @@
 //! not recovered while the attack ran (the launcher found no free slot for a
 //! sweeper, pass after pass).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_tests::{eventually, reaper_conf, scalar, Cluster, ClusterConfig, TEST_DB};
@@ -19,7 +21,7 @@ use tokio_postgres::Client;
 /// logical replication is off) an attacker can take the rest.
 const SLOTS: u32 = 4;
 
-/// How long each of mallory's queries may run; bounds the attack.
+/// How long mallory keeps attacking at most.
 const ATTACK: Duration = Duration::from_secs(20);
 
 fn cluster() -> Cluster {
@@ -58,39 +60,61 @@ async fn mallory_prepares(cluster: &Cluster, su: &Client) -> Client {
     own
 }
 
+/// mallory's running attack: sessions that keep re-running parallel scans
+/// until [`Attack::end`].
+struct Attack {
+    stop: Arc<AtomicBool>,
+    sessions: Vec<tokio::task::JoinHandle<()>>,
+}
+
 /// Starts `sessions` of mallory's parallel scans, each asking for more
-/// workers than there are slots, each ending after [`ATTACK`].
-async fn occupy(cluster: &Cluster, sessions: usize) -> Vec<tokio::task::JoinHandle<()>> {
+/// workers than there are slots. A scan gets its workers only if slots are
+/// free when it starts (a sweeper may hold one for a moment), so each
+/// session runs short scans one after another until [`ATTACK`] has passed.
+async fn occupy(cluster: &Cluster, sessions: usize) -> Attack {
+    let stop = Arc::new(AtomicBool::new(false));
     let mut running = Vec::new();
     for _ in 0..sessions {
         let session = cluster.connect_to("mallory", "mallory").await;
+        session
+            .batch_execute(
+                "SET max_parallel_workers = 8;
+                 SET max_parallel_workers_per_gather = 8;
+                 SET parallel_setup_cost = 0;
+                 SET parallel_tuple_cost = 0;
+                 SET min_parallel_table_scan_size = 0;
+                 SET statement_timeout = '2s';",
+            )
+            .await
+            .expect("mallory's settings");
+        let stop = Arc::clone(&stop);
         running.push(tokio::spawn(async move {
-            let _ = session
-                .batch_execute(&format!(
-                    "SET max_parallel_workers = 8;
-                     SET max_parallel_workers_per_gather = 8;
-                     SET parallel_setup_cost = 0;
-                     SET parallel_tuple_cost = 0;
-                     SET min_parallel_table_scan_size = 0;
-                     SET statement_timeout = '{}ms';
-                     SELECT count(*) FROM big WHERE nap(g);",
-                    ATTACK.as_millis()
-                ))
-                .await;
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) && start.elapsed() < ATTACK {
+                let _ = session
+                    .batch_execute("SELECT count(*) FROM big WHERE nap(g)")
+                    .await;
+            }
         }));
     }
-    running
+    Attack {
+        stop,
+        sessions: running,
+    }
 }
 
-/// Ends mallory's scans so that the cluster stops promptly.
-async fn end_attack(su: &Client, running: Vec<tokio::task::JoinHandle<()>>) {
-    su.batch_execute(
-        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE usename = 'mallory'",
-    )
-    .await
-    .expect("cancel mallory");
-    for task in running {
-        let _ = task.await;
+impl Attack {
+    /// Ends mallory's scans so that the cluster stops promptly.
+    async fn end(self, su: &Client) {
+        self.stop.store(true, Ordering::Relaxed);
+        su.batch_execute(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE usename = 'mallory'",
+        )
+        .await
+        .expect("cancel mallory");
+        for task in self.sessions {
+            let _ = task.await;
+        }
     }
 }
 
@@ -111,7 +135,7 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
             .expect("enqueue");
     }
 
-    let running = occupy(&cluster, 3).await;
+    let attack = occupy(&cluster, 3).await;
     // Every slot not taken at start-up (the launcher's, the reserve's) is
     // mallory's.
     eventually(
@@ -120,7 +144,7 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
             "SELECT count(*) >= {SLOTS} - 2 FROM pg_stat_activity
               WHERE backend_type = 'parallel worker'"
         ),
-        Duration::from_secs(5),
+        Duration::from_secs(10),
     )
     .await;
 
@@ -136,7 +160,7 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
         "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'parallel worker'",
     )
     .await;
-    end_attack(&su, running).await;
+    attack.end(&su).await;
     let took = recovered.expect("the expired lease was recovered during the attack");
     recovered_other.expect("the other database's too");
     assert!(
