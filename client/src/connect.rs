@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures_util::future::poll_fn;
 use tokio::sync::mpsc;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Notification, Socket};
 
 use crate::error::{Error, Result};
@@ -45,6 +46,7 @@ type ConnectFn = dyn Fn() -> ConnectFuture + Send + Sync;
 pub struct Connector {
     connect: Arc<ConnectFn>,
     connect_timeout: Duration,
+    prepare: bool,
     shown: Arc<str>,
 }
 
@@ -53,6 +55,7 @@ impl fmt::Debug for Connector {
         f.debug_struct("Connector")
             .field("target", &self.shown)
             .field("connect_timeout", &self.connect_timeout)
+            .field("prepare", &self.prepare)
             .finish()
     }
 }
@@ -99,6 +102,7 @@ impl Connector {
         Connector {
             connect: Arc::new(connect),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            prepare: true,
             shown: shown.into(),
         }
     }
@@ -127,9 +131,9 @@ impl Connector {
                 let connected = open().await?;
                 connected
                     .client
-                    .execute(
+                    .query_typed(
                         "SELECT pg_catalog.set_config('application_name', $1, false)",
-                        &[&&*name],
+                        &[(&&*name, Type::TEXT)],
                     )
                     .await?;
                 Ok(connected)
@@ -138,6 +142,7 @@ impl Connector {
         Connector {
             connect: Arc::new(connect),
             connect_timeout: self.connect_timeout,
+            prepare: self.prepare,
             shown: Arc::clone(&self.shown),
         }
     }
@@ -152,6 +157,25 @@ impl Connector {
     /// The time allowed for opening a connection.
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
+    }
+
+    /// Whether [`Client`](crate::Client)s over this connector prepare their
+    /// statements (the default, `true`): each statement is prepared once
+    /// per connection, and a call is then one round trip that the server
+    /// need not parse or plan again. With `false`, each call is sent
+    /// unnamed with its parameter types, still in one round trip, and no
+    /// statement outlives it: for a transaction-mode pooler that cannot
+    /// keep prepared statements (PgBouncer before 1.21, or without
+    /// `max_prepared_statements`), which hands each transaction to any
+    /// server connection.
+    pub fn with_prepared_statements(mut self, prepare: bool) -> Connector {
+        self.prepare = prepare;
+        self
+    }
+
+    /// Whether clients over this connector prepare their statements.
+    pub fn prepared_statements(&self) -> bool {
+        self.prepare
     }
 
     /// Opens a connection within the connect timeout.

@@ -89,6 +89,12 @@ pub enum Error {
     #[error("database error: {}", describe(.0))]
     Database(#[source] tokio_postgres::Error),
 
+    /// Any other error reported by sqlx, in the functions of the `sqlx`
+    /// feature (`pg_lease_client::sqlx`).
+    #[cfg(feature = "sqlx")]
+    #[error("sqlx error: {0}")]
+    Sqlx(#[source] ::sqlx::Error),
+
     /// The database answered something this client did not expect (for
     /// example a NULL where the SQL reference promises a value).
     #[error("unexpected answer from the database: {0}")]
@@ -155,6 +161,8 @@ impl Error {
             Error::Connection(e) | Error::Database(e) => e.as_db_error().map(|d| d.code().code()),
             Error::InvalidInput { code, .. } if code != "client" => Some(code),
             Error::PermissionDenied(_) => Some("42501"),
+            #[cfg(feature = "sqlx")]
+            Error::Sqlx(e) => pg_error_of(e).map(|db| db.code()),
             _ => None,
         }
     }
@@ -167,18 +175,26 @@ impl Error {
         }
     }
 
+    /// The bad-input and permission families, by SQLSTATE; `None` for
+    /// other codes.
+    fn from_code(code: &str, message: &str) -> Option<Error> {
+        let state = SqlState::from_code(code);
+        if INVALID_INPUT.contains(&state) {
+            return Some(Error::InvalidInput {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            });
+        }
+        (state == SqlState::INSUFFICIENT_PRIVILEGE)
+            .then(|| Error::PermissionDenied(message.to_owned()))
+    }
+
     /// Sorts a driver error into the families above.
     pub(crate) fn from_pg(e: tokio_postgres::Error) -> Error {
         if let Some(db) = e.as_db_error() {
             let code = db.code();
-            if INVALID_INPUT.contains(code) {
-                return Error::InvalidInput {
-                    code: code.code().to_owned(),
-                    message: db.message().to_owned(),
-                };
-            }
-            if *code == SqlState::INSUFFICIENT_PRIVILEGE {
-                return Error::PermissionDenied(db.message().to_owned());
+            if let Some(sorted) = Error::from_code(code.code(), db.message()) {
+                return sorted;
             }
             // Class 08 connection exceptions, 57P admin/crash shutdown,
             // class 28 authorization, too many connections.
@@ -221,6 +237,34 @@ impl Error {
             Error::from_pg(e)
         }
     }
+}
+
+/// The functions of the `sqlx` feature: the same families from sqlx errors.
+#[cfg(feature = "sqlx")]
+impl Error {
+    /// Sorts a sqlx error into the families above.
+    pub(crate) fn from_sqlx(e: ::sqlx::Error) -> Error {
+        if let Some(db) = pg_error_of(&e) {
+            if let Some(sorted) = Error::from_code(db.code(), db.message()) {
+                return sorted;
+            }
+        }
+        Error::Sqlx(e)
+    }
+
+    /// Like [`Error::from_sqlx`], but `LE001` becomes `lost()`.
+    pub(crate) fn from_sqlx_fenced(e: ::sqlx::Error, lost: impl FnOnce() -> Error) -> Error {
+        if pg_error_of(&e).is_some_and(|db| db.code() == LEASE_LOST_SQLSTATE) {
+            lost()
+        } else {
+            Error::from_sqlx(e)
+        }
+    }
+}
+
+#[cfg(feature = "sqlx")]
+fn pg_error_of(e: &::sqlx::Error) -> Option<&::sqlx::postgres::PgDatabaseError> {
+    e.as_database_error()?.try_downcast_ref()
 }
 
 fn sqlstate_of(e: &tokio_postgres::Error) -> Option<&str> {

@@ -4,9 +4,12 @@
 //!
 //! * [`Client`]: typed wrappers over every SQL function of schema `lease`
 //!   (enqueue, claim, renew, release with each [`Outcome`], fenced writes,
-//!   [`fence`] inside your own transaction, cancel, named leases, views),
-//!   over prepared statements, with [`Duration`](std::time::Duration)s and
-//!   serde payloads.
+//!   cancel, named leases, views), over prepared statements, with
+//!   [`Duration`](std::time::Duration)s and serde payloads.
+//! * [`tx`]: enqueue, cancel and [`fence`] inside *your* transaction, on
+//!   any tokio-postgres client: the job commits or rolls back with your
+//!   own writes. With the cargo feature `sqlx`, module `sqlx` has the
+//!   same for a sqlx transaction.
 //! * [`Worker`]: claims rows of a queue into a bounded number of handlers,
 //!   wakes on `NOTIFY` (polling as fallback), renews every lease it holds in
 //!   one batched call per tick, cancels a job's token when its lease cannot
@@ -63,7 +66,9 @@ mod timing;
 mod transaction;
 mod worker;
 
-pub use client::{fence, fence_named, Client, DEFAULT_REQUEST_TIMEOUT};
+#[cfg(feature = "sqlx")]
+pub use client::sqlx;
+pub use client::{fence, fence_named, tx, Client, DEFAULT_REQUEST_TIMEOUT};
 pub use connect::{Connector, DEFAULT_CONNECT_TIMEOUT};
 pub use elector::{Elector, ElectorConfig, Leadership, Term};
 pub use error::{Error, Result, LEASE_LOST_SQLSTATE};

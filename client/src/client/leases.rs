@@ -1,12 +1,9 @@
-//! Claims and the leases on queue rows: claim, renew, release, fenced writes, and `fence`
-//! for the caller's own transactions.
+//! Claims and the leases on queue rows: claim, renew, release, fenced writes.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
-use tokio_postgres::types::Type;
-use tokio_postgres::GenericClient;
 
 use super::rows::{check_order, claimed_from, col, count_arg, micros, renewal_from_row, split};
 use super::statements::Query;
@@ -263,53 +260,4 @@ impl Client {
             Err(Error::LeaseLost { id, epoch })
         }
     }
-}
-
-/// `lease.fence(id, epoch)` inside *your* transaction: call it first, then
-/// write your own tables. It returns the lease's end (database clock) while
-/// `token` is the current lease, and keeps the row locked until your
-/// transaction ends, so no takeover is ordered before your writes commit.
-/// [`Error::LeaseLost`] (SQLSTATE `LE001`) otherwise: roll back.
-///
-/// `tx` is anything tokio-postgres can query on, normally a
-/// `tokio_postgres::Transaction`. The statement is sent unnamed (one round
-/// trip, no prepared statement left on your connection).
-///
-/// ```no_run
-/// # async fn example(pg: &mut tokio_postgres::Client, token: pg_lease_client::FencingToken)
-/// #     -> Result<(), Box<dyn std::error::Error>> {
-/// let tx = pg.transaction().await?;
-/// pg_lease_client::fence(&tx, token).await?; // LeaseLost: the transaction rolls back on drop
-/// tx.execute("UPDATE invoices SET sent = true WHERE id = $1", &[&9_i64]).await?;
-/// tx.commit().await?;
-/// # Ok(()) }
-/// ```
-pub async fn fence<C: GenericClient + Sync>(tx: &C, token: FencingToken) -> Result<SystemTime> {
-    let (id, epoch) = (token.id, token.epoch);
-    let row = tx
-        .query_typed_one(
-            "SELECT lease.fence($1, $2)",
-            &[(&id, Type::INT8), (&epoch, Type::INT8)],
-        )
-        .await
-        .map_err(|e| Error::from_pg_fenced(e, id, epoch))?;
-    col(&row, 0)
-}
-
-/// `lease.fence_named(name, epoch)` inside the leader's transaction: like
-/// [`fence`], for a named lease. [`Error::NamedLeaseLost`] (SQLSTATE
-/// `LE001`) when `epoch` no longer holds `name`: roll back.
-pub async fn fence_named<C: GenericClient + Sync>(
-    tx: &C,
-    name: &str,
-    epoch: i64,
-) -> Result<SystemTime> {
-    let row = tx
-        .query_typed_one(
-            "SELECT lease.fence_named($1, $2)",
-            &[(&name, Type::TEXT), (&epoch, Type::INT8)],
-        )
-        .await
-        .map_err(|e| Error::from_pg_named(e, name, epoch))?;
-    col(&row, 0)
 }

@@ -2,10 +2,10 @@
 //!
 //! This file holds the connection handling; the calls are grouped by what
 //! they act on: `queues` (queues and their rows), `leases` (claims and the
-//! leases on rows, and `fence`), `named` (named leases), `schedules`
-//! (periodic enqueues), `admin`
-//! (housekeeping and the views). `statements` is their SQL, `rows` reads
-//! their answers.
+//! leases on rows), `named` (named leases), `schedules`
+//! (periodic enqueues), `admin` (housekeeping and the views); `tx` has
+//! the calls made in the caller's own transaction. `statements` is their
+//! SQL, `args` binds the enqueue arguments, `rows` reads their answers.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,14 +16,18 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
 mod admin;
+mod args;
 mod leases;
 mod named;
 mod queues;
 mod rows;
 mod schedules;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod statements;
+pub mod tx;
 
-pub use leases::{fence, fence_named};
+pub use tx::{fence, fence_named};
 
 use crate::connect::Connector;
 use crate::error::{Error, Result};
@@ -57,12 +61,13 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// primary confirms it (the [`Worker`](crate::Worker) renews it there, and
 /// fires the job's cancellation token if that fails).
 ///
-/// Behind a transaction-mode pooler, the pooler should support prepared
-/// statements (PgBouncer ≥ 1.21 with `max_prepared_statements`); turn
-/// [`WorkerConfig::listen`](crate::WorkerConfig::listen) off there. One that
-/// does not loses the statements whenever it moves the connection: a
-/// request that meets that (26000 or 42P05, nothing ran) is sent once more
-/// on a new connection, so it costs a reconnect, not a stall.
+/// Behind a transaction-mode pooler, turn
+/// [`WorkerConfig::listen`](crate::WorkerConfig::listen) off, and unless the
+/// pooler keeps prepared statements (PgBouncer ≥ 1.21 with
+/// `max_prepared_statements`), connect with
+/// [`Connector::with_prepared_statements(false)`](Connector::with_prepared_statements).
+/// A prepared statement the pooler lost anyway (26000 or 42P05, nothing
+/// ran) is sent once more on a new connection: a reconnect, not a stall.
 ///
 /// Calls made under a lease ([`release`](Client::release),
 /// [`renew`](Client::renew), [`fenced_update`](Client::fenced_update), ...)
@@ -91,18 +96,28 @@ struct Inner {
 /// One connection and the statements prepared on it.
 struct Conn {
     pg: tokio_postgres::Client,
+    /// Whether statements are prepared (`Connector::with_prepared_statements`).
+    prepare: bool,
     statements: Vec<OnceCell<Statement>>,
 }
 
 impl Conn {
-    fn new(pg: tokio_postgres::Client) -> Conn {
+    fn new(pg: tokio_postgres::Client, prepare: bool) -> Conn {
         Conn {
             pg,
+            prepare,
             statements: (0..Query::COUNT).map(|_| OnceCell::new()).collect(),
         }
     }
 
     async fn query(&self, q: Query, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        if !self.prepare {
+            return self
+                .pg
+                .query_typed(q.sql(), &q.typed(params))
+                .await
+                .map_err(Error::from_pg);
+        }
         let cell = self
             .statements
             .get(q as usize)
@@ -165,7 +180,7 @@ impl Client {
         Client {
             inner: Arc::new(Inner {
                 connector: None,
-                current: Mutex::new(Some(Arc::new(Conn::new(pg)))),
+                current: Mutex::new(Some(Arc::new(Conn::new(pg, true)))),
             }),
             timeout: DEFAULT_REQUEST_TIMEOUT,
         }
@@ -227,7 +242,7 @@ impl Client {
         } else {
             tracing::debug!("connected");
         }
-        let conn = Arc::new(Conn::new(connected.client));
+        let conn = Arc::new(Conn::new(connected.client, connector.prepared_statements()));
         *current = Some(Arc::clone(&conn));
         Ok(conn)
     }

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::args;
 use super::rows::{cancel_result, col, micros};
 use super::statements::Query;
 use super::Client;
@@ -99,28 +100,10 @@ impl Client {
         payload: &P,
         options: &EnqueueOptions,
     ) -> Result<i64> {
-        let payload = serde_json::to_value(payload)?;
-        let delay = options.delay.map(|d| micros(d, "delay")).transpose()?;
-        let key = options.key.as_deref();
-        let priority = options.priority;
-        let unique_key = options.unique_key.as_deref();
-        let concurrency_key = options.concurrency_key.as_deref();
-        let payload = &payload;
+        let args = args::Enqueue::new(queue, payload, options)?;
+        let params = &args.params();
         self.call(|c| async move {
-            let row = c
-                .query_one(
-                    Query::Enqueue,
-                    &[
-                        &queue,
-                        payload,
-                        &key,
-                        &delay,
-                        &priority,
-                        &unique_key,
-                        &concurrency_key,
-                    ],
-                )
-                .await?;
+            let row = c.query_one(Query::Enqueue, params).await?;
             col(&row, 0)
         })
         .await
@@ -134,29 +117,10 @@ impl Client {
         payloads: &[P],
         options: &BatchOptions,
     ) -> Result<Vec<i64>> {
-        let payloads = payloads
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<_>, _>>()?;
-        let delay = options.delay.map(|d| micros(d, "delay")).transpose()?;
-        let keys = options.keys.as_ref();
-        let priority = options.priority;
-        let concurrency_keys = options.concurrency_keys.as_ref();
-        let payloads = &payloads;
+        let args = args::EnqueueBatch::new(queue, payloads, options)?;
+        let params = &args.params();
         self.call(|c| async move {
-            let rows = c
-                .query(
-                    Query::EnqueueBatch,
-                    &[
-                        &queue,
-                        payloads,
-                        &keys,
-                        &delay,
-                        &priority,
-                        &concurrency_keys,
-                    ],
-                )
-                .await?;
+            let rows = c.query(Query::EnqueueBatch, params).await?;
             rows.iter().map(|r| col(r, 0)).collect()
         })
         .await

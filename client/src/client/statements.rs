@@ -1,13 +1,30 @@
-//! The client's SQL: one prepared statement per call, each naming the
-//! function's arguments (`limit => $1`), so that a statement reads like the
-//! SQL reference and an argument can never land in the wrong position.
+//! The client's SQL: one statement per call, each naming the function's
+//! arguments (`limit => $1`), so that a statement reads like the SQL
+//! reference and an argument can never land in the wrong position. Each
+//! parameter carries a cast (`$1::text`): the server types it from there
+//! when the statement is prepared, and [`Query::param_types`] reads the same
+//! casts for a statement sent unprepared.
 //! Durations travel as microseconds (`bigint`): tokio-postgres has no
 //! `interval` mapping, and the server builds the interval, so no client
 //! clock is involved.
 
-/// The prepared statements, by name.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Query {
+/// Declares [`Query`] and the list of all its variants.
+macro_rules! queries {
+    ($($name:ident,)*) => {
+        /// The statements, by name.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(super) enum Query {
+            $($name,)*
+        }
+
+        impl Query {
+            /// Every statement, in declaration order (`q as usize` indexes it).
+            pub(super) const ALL: &'static [Query] = &[$(Query::$name,)*];
+        }
+    };
+}
+
+queries! {
     Enqueue,
     EnqueueBatch,
     Claim,
@@ -51,6 +68,10 @@ pub(super) enum Query {
     PurgeDead,
 }
 
+use std::sync::OnceLock;
+
+use tokio_postgres::types::{ToSql, Type};
+
 /// `$n` microseconds from now by the database clock, or NULL.
 macro_rules! at_or_null {
     ($n:literal) => {
@@ -90,9 +111,27 @@ macro_rules! as_micros {
 }
 
 impl Query {
-    /// How many statements there are (one prepared-statement slot each):
-    /// the last variant above plus one.
-    pub(super) const COUNT: usize = Query::PurgeDead as usize + 1;
+    /// How many statements there are (one prepared-statement slot each).
+    pub(super) const COUNT: usize = Query::ALL.len();
+
+    /// The type of each parameter (`$1` first), read from the cast the SQL
+    /// puts on it (`$2::jsonb`): what a statement sent unprepared carries
+    /// instead of a server-side description.
+    pub(super) fn param_types(self) -> &'static [Type] {
+        static TYPES: OnceLock<Vec<Vec<Type>>> = OnceLock::new();
+        let all = TYPES.get_or_init(|| Query::ALL.iter().map(|q| cast_types(q.sql())).collect());
+        all.get(self as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// `params` paired with [`Query::param_types`], as `query_typed`
+    /// takes them.
+    pub(super) fn typed<'a>(
+        self,
+        params: &[&'a (dyn ToSql + Sync)],
+    ) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        let types = self.param_types().iter().cloned();
+        params.iter().copied().zip(types).collect()
+    }
 
     /// The statement's SQL.
     pub(super) fn sql(self) -> &'static str {
@@ -282,5 +321,81 @@ impl Query {
                 ", next_at, enqueued, last_run_at, last_error FROM lease.schedule ORDER BY name"
             ),
         }
+    }
+}
+
+/// Parameter types from the casts on `$n` in `sql`, indexed by `n - 1`;
+/// [`Type::UNKNOWN`] for a parameter without a cast this knows (the unit
+/// test below rules that out for every statement).
+fn cast_types(sql: &str) -> Vec<Type> {
+    let mut types = Vec::new();
+    for (at, _) in sql.match_indices('$') {
+        let rest = &sql[at + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let Ok(n) = rest[..digits].parse::<usize>() else {
+            continue;
+        };
+        let cast = rest[digits..].strip_prefix("::").map(|t| {
+            let name = t
+                .bytes()
+                .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+                .count();
+            let array = t[name..].starts_with("[]");
+            type_named(&t[..name], array)
+        });
+        if types.len() < n {
+            types.resize(n, Type::UNKNOWN);
+        }
+        if let Some(ty) = cast {
+            types[n - 1] = ty;
+        }
+    }
+    types
+}
+
+/// The types the statements cast their parameters to.
+fn type_named(name: &str, array: bool) -> Type {
+    match (name, array) {
+        ("text", false) => Type::TEXT,
+        ("text", true) => Type::TEXT_ARRAY,
+        ("bigint", false) => Type::INT8,
+        ("bigint", true) => Type::INT8_ARRAY,
+        ("int", false) => Type::INT4,
+        ("int", true) => Type::INT4_ARRAY,
+        ("boolean", false) => Type::BOOL,
+        ("jsonb", false) => Type::JSONB,
+        ("jsonb", true) => Type::JSONB_ARRAY,
+        _ => Type::UNKNOWN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sending unprepared depends on it: every parameter of every statement
+    /// has a cast to a type that `type_named` knows.
+    #[test]
+    fn every_parameter_has_a_known_cast() {
+        for q in Query::ALL {
+            assert_eq!(Query::ALL[*q as usize], *q);
+            let types = q.param_types();
+            assert!(
+                types.iter().all(|t| *t != Type::UNKNOWN),
+                "{q:?}: a parameter without a known cast: {types:?}"
+            );
+        }
+        assert_eq!(
+            Query::Enqueue.param_types(),
+            [
+                Type::TEXT,
+                Type::JSONB,
+                Type::TEXT,
+                Type::INT8,
+                Type::INT4,
+                Type::TEXT,
+                Type::TEXT
+            ]
+        );
     }
 }
