@@ -34,6 +34,7 @@ pub mod catalog;
 pub mod child;
 pub mod claims;
 pub mod jobs;
+pub mod pgbouncer;
 pub mod proxy;
 mod rng;
 pub mod service_instances;
