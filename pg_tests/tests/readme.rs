@@ -1,7 +1,7 @@
-//! The worked example of `docs/attached-tables.md` (the attached-table guide
-//! the README links to) runs as written: its SQL block through psql against
-//! a real cluster, and its Rust block is the body of
-//! `client/examples/attached_table.rs` (which `bin/test` runs).
+//! The documents' examples run as written: the SQL block of
+//! `docs/attached-tables.md` through psql against a real cluster, and each
+//! Rust block shown (that guide's, the README's outbox) is the code of an
+//! example under `client/examples/` that `bin/test` runs.
 
 use std::path::Path;
 use std::process::Command;
@@ -69,16 +69,15 @@ fn the_attach_sql_example_runs_as_written() {
     );
 }
 
-#[test]
-fn the_attach_rust_example_is_the_examples_code() {
-    let guide = repo_file(GUIDE);
-    let shown = code_block_after(&guide, "<!-- attach-sql -->", "```rust");
-    let example = repo_file("client/examples/attached_table.rs");
-    let region = example
-        .split("// [attach]")
+/// The lines between `// [marker]` and `// [/marker]` of `example`,
+/// dedented: what a document shows of it.
+fn example_region(example: &str, marker: &str) -> String {
+    let text = repo_file(example);
+    let region = text
+        .split(&format!("// [{marker}]"))
         .nth(1)
-        .and_then(|rest| rest.split("// [/attach]").next())
-        .expect("[attach] markers in the example");
+        .and_then(|rest| rest.split(&format!("// [/{marker}]")).next())
+        .unwrap_or_else(|| panic!("[{marker}] markers in {example}"));
     let lines: Vec<&str> = region.lines().skip(1).collect();
     let indent = lines
         .iter()
@@ -86,15 +85,36 @@ fn the_attach_rust_example_is_the_examples_code() {
         .map(|l| l.len() - l.trim_start().len())
         .min()
         .unwrap_or(0);
-    let dedented: String = lines
+    lines
         .iter()
         .map(|l| format!("{}\n", l.get(indent..).unwrap_or("").trim_end()))
         .collect::<String>()
         .trim_end()
         .to_owned()
-        + "\n";
+        + "\n"
+}
+
+#[test]
+fn the_attach_rust_example_is_the_examples_code() {
+    let shown = code_block_after(&repo_file(GUIDE), "<!-- attach-sql -->", "```rust");
     assert_eq!(
-        shown, dedented,
+        shown,
+        example_region("client/examples/attached_table.rs", "attach"),
         "the Rust block of {GUIDE} differs from client/examples/attached_table.rs"
     );
+}
+
+/// The README's "Use it from your application" blocks are the outbox
+/// example's `place_order` and `place_order_sqlx`, which `bin/test` runs.
+#[test]
+fn the_readme_outbox_examples_are_the_examples_code() {
+    let readme = repo_file("README.md");
+    for marker in ["outbox", "outbox-sqlx"] {
+        let shown = code_block_after(&readme, &format!("<!-- {marker} -->"), "```rust");
+        assert_eq!(
+            shown,
+            example_region("client/examples/outbox.rs", marker),
+            "the {marker} block of README.md differs from client/examples/outbox.rs"
+        );
+    }
 }
