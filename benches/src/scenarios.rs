@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pg_lease_client::{Client, FencingToken, Outcome};
+use pg_lease_client::{Client, Connector, FencingToken, Outcome};
 use tokio_postgres::NoTls;
 
 use crate::pgbench::{Length, Pgbench, Run};
@@ -706,15 +706,20 @@ impl Bench {
     }
 
     /// The same claim + complete SQL through the Rust client: 16 tasks,
-    /// each with its own connection, claim then release until empty.
-    async fn client_drain(&self, batch: u32, rows: u64) -> Res<Drain> {
+    /// each with its own connection, claim then release until empty; with
+    /// `prepared` false, as behind a transaction-mode pooler
+    /// (`Connector::with_prepared_statements(false)`).
+    async fn client_drain(&self, batch: u32, rows: u64, prepared: bool) -> Res<Drain> {
         self.fill(Side::Lease, rows).await?;
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for c in 0..16 {
             let conn = self.conn.clone();
             tasks.spawn(async move {
-                let client = Client::connect(&conn).await.map_err(client_err)?;
+                let connector = Connector::no_tls(&conn)
+                    .map_err(client_err)?
+                    .with_prepared_statements(prepared);
+                let client = Client::with_connector(connector);
                 let owner = format!("client-{c}");
                 let ttl = Duration::from_secs(30);
                 loop {
@@ -759,7 +764,9 @@ impl Bench {
             "Rust client (pg_lease_client), 16 connections",
             "16 tasks, each with its own `Client`, loop `claim` → `release_batch` (or `release` \
              at batch 1) until a claim comes back empty — the SQL of the pgbench pg_lease rows \
-             above.",
+             above. \"unprepared\": the client as behind a transaction-mode pooler \
+             (`Connector::with_prepared_statements(false)`: each call sent unnamed with its \
+             parameter types), connected directly all the same.",
             &[
                 "scenario",
                 "rows",
@@ -769,13 +776,28 @@ impl Bench {
                 "vs pgbench same SQL",
             ],
         );
-        for (batch, rows, key, pgb) in [
-            (50, self.size.drain_b50, "client_b50", "lease_b50"),
-            (1, self.size.drain_b1, "client_b1", "lease_b1"),
+        for (batch, rows, prepared, key, pgb) in [
+            (50, self.size.drain_b50, true, "client_b50", "lease_b50"),
+            (
+                50,
+                self.size.drain_b50,
+                false,
+                "client_b50_unprepared",
+                "lease_b50",
+            ),
+            (1, self.size.drain_b1, true, "client_b1", "lease_b1"),
+            (
+                1,
+                self.size.drain_b1,
+                false,
+                "client_b1_unprepared",
+                "lease_b1",
+            ),
         ] {
-            let d = self.client_drain(batch, rows).await?;
+            let d = self.client_drain(batch, rows, prepared).await?;
             out.metrics.insert(key, d.jobs_per_s());
-            let mut cells = vec![format!("client drain batch {batch}")];
+            let how = if prepared { "" } else { ", unprepared" };
+            let mut cells = vec![format!("client drain batch {batch}{how}")];
             cells.extend(d.cells());
             cells.push(
                 out.metrics
