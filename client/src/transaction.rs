@@ -14,6 +14,12 @@ use crate::lease::FencingToken;
 
 /// Idle connections for handlers' transactions, opened on demand with the
 /// worker's connector and kept up to `keep`.
+///
+/// Not deadpool or bb8: their Postgres managers connect from a
+/// `tokio_postgres::Config` of their own, while these connections must come
+/// from the worker's [`Connector`] (its TLS, timeouts and application
+/// name); a generic manager over it would be as long as
+/// `get` and `put` below, and nothing here waits for a free connection.
 pub(crate) struct Pool {
     connector: Option<Connector>,
     idle: Mutex<Vec<Arc<tokio_postgres::Client>>>,
