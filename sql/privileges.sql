@@ -44,6 +44,7 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.claim_pending(integer, interval, text, text),
     lease.reclaim_own(integer, interval, text, text),
+    lease.bind_session(text, text),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.renew(bigint, text, bigint, interval),
     lease.renew_batch(bigint[], text, bigint[], interval),

@@ -76,6 +76,14 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- Leases whose session has ended expire first, so that this pass
+    -- already recovers them.
+    BEGIN
+        PERFORM lease._end_lost_sessions();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('sessions: %s: %s', SQLSTATE, problem);
+    END;
     BEGIN
         FOR r IN SELECT * FROM lease._reap(n, NULL) LOOP
             recovered := recovered + lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled);
@@ -135,7 +143,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
+$$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
 of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
 counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
@@ -156,7 +164,9 @@ RETURN least(
                             WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
       WHERE NOT q.attached),
     (SELECT min(s.next_at) FROM lease.schedule s),
-    (SELECT min(w.next_try_at) FROM lease.write_back w));
+    (SELECT min(w.next_try_at) FROM lease.write_back w),
+    -- Sessions that leases are bound to are looked at on every pass.
+    (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes.';

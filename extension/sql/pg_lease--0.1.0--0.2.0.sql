@@ -167,6 +167,23 @@ COMMENT ON TABLE lease.channel_secret IS
 
 INSERT INTO lease.channel_secret DEFAULT VALUES;
 
+-- Leases bound to a session (session.sql).
+CREATE TABLE lease.session (
+    queue         text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    owner         text NOT NULL,
+    -- The keeper: its backend, and that backend's start where the binding
+    -- role could read it (so that a reused pid is not taken for it).
+    pid           integer NOT NULL,
+    backend_start timestamptz,
+    -- The server's start: after a restart no pid of before is alive.
+    server_start  timestamptz NOT NULL,
+    bound_at      timestamptz NOT NULL,
+    PRIMARY KEY (queue, owner)
+);
+
+COMMENT ON TABLE lease.session IS
+    'Leases bound to a session (lease.bind_session): per queue and owner, the backend whose end ends them.';
+
 -- What 0.2.0 no longer has --------------------------------------------------
 
 -- The old triggers call the old trigger function; they are recreated below.
@@ -2746,6 +2763,117 @@ COMMENT ON FUNCTION lease._reaper_wake() IS
 $$Internal: asks the preloaded reaper to look at this database as soon as the current transaction commits
 (lease.schedule calls it); does nothing where pg_lease is not preloaded.$$;
 
+-- session.sql: leases bound to a session (new).
+CREATE OR REPLACE FUNCTION lease._session_alive(pid integer, backend_start timestamptz, server_start timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN server_start = pg_postmaster_start_time()
+   AND EXISTS (SELECT FROM pg_stat_activity a
+                WHERE a.pid = _session_alive.pid
+                  -- NULL where the reader may not see it: the pid alone decides.
+                  AND (a.backend_start IS NULL OR _session_alive.backend_start IS NULL
+                       OR a.backend_start = _session_alive.backend_start));
+
+COMMENT ON FUNCTION lease._session_alive(integer, timestamptz, timestamptz) IS
+    'Internal: whether the backend PID that started at BACKEND_START, on the server that started at SERVER_START, still runs.';
+
+CREATE OR REPLACE FUNCTION lease._end_bound_leases(queue text, owner text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    t constant timestamptz := clock_timestamp();
+    ended bigint;
+BEGIN
+    -- Expired as of now: the reaper recovers them as it recovers any
+    -- expiry (a new epoch, the attempt counted, the retry backoff). Rows
+    -- locked by others are left for the next pass.
+    UPDATE lease.job j
+       SET lease_until = t
+     WHERE j.id = ANY (ARRAY(SELECT b.id
+                               FROM lease.job b
+                              WHERE b.queue = _end_bound_leases.queue AND b.owner = _end_bound_leases.owner
+                                AND b.state = 'leased' AND b.lease_until > t
+                                FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS ended = ROW_COUNT;
+    RETURN ended;
+END
+$$;
+
+COMMENT ON FUNCTION lease._end_bound_leases(text, text) IS
+    'Internal: sets the leases OWNER holds in QUEUE to expire now (rows locked by others are skipped); returns how many.';
+
+CREATE OR REPLACE FUNCTION lease.bind_session(queue text, owner text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    q constant text := lease.checked_queue(queue);
+    o constant text := lease.checked_owner(owner);
+    me constant integer := pg_backend_pid();
+    started constant timestamptz := (SELECT a.backend_start FROM pg_stat_activity a WHERE a.pid = me);
+    prior lease.session;
+    ended bigint := 0;
+BEGIN
+    PERFORM lease._check_access(q, '{work}');
+    SELECT * INTO prior FROM lease.session s WHERE s.queue = q AND s.owner = o FOR UPDATE;
+    IF FOUND AND prior.pid = me AND prior.server_start = pg_postmaster_start_time() THEN
+        RETURN true;
+    END IF;
+    -- The session the leases were bound to has ended: so have they, even
+    -- if the reaper has not got to them yet. A live one (the holder
+    -- reconnected while its old backend still ran) hands them over.
+    IF FOUND AND NOT lease._session_alive(prior.pid, prior.backend_start, prior.server_start) THEN
+        ended := lease._end_bound_leases(q, o);
+    END IF;
+    -- The reaper looks at this database from now on (lease._next_sweep_due).
+    PERFORM lease._reaper_touch(ended);
+    INSERT INTO lease.session AS s (queue, owner, pid, backend_start, server_start, bound_at)
+    VALUES (q, o, me, started, pg_postmaster_start_time(), clock_timestamp())
+    ON CONFLICT (queue, owner) DO UPDATE
+       SET pid = excluded.pid, backend_start = excluded.backend_start,
+           server_start = excluded.server_start, bound_at = excluded.bound_at;
+    RETURN ended = 0;
+END
+$$;
+
+COMMENT ON FUNCTION lease.bind_session(text, text) IS
+$$Binds the leases OWNER holds in QUEUE, now and later, to the calling session: when its backend ends (process
+killed, connection closed, host gone and TCP keepalive fired, server restarted) the reaper expires them within
+a sweep interval instead of at their ttl, and they are retried as after any expiry. Call it on a connection
+that stays open as long as the holder runs, and again after that connection is replaced. Binding a new
+session while the old one still runs moves the leases to it; if the old one has ended, its leases end at once.
+Returns false when it ended leases that way, true otherwise. Any role that may work QUEUE may bind any owner
+name in it (as with lease.reclaim_own): owner names are not secrets between a queue's workers. Errors: 22004
+an argument NULL; 22023 owner invalid; 42704 no such queue; 42501 the queue is restricted and the caller may
+not work it.$$;
+
+CREATE OR REPLACE FUNCTION lease._end_lost_sessions() RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    s record;
+    ended bigint := 0;
+BEGIN
+    FOR s IN SELECT se.queue, se.owner
+               FROM lease.session se
+              WHERE NOT lease._session_alive(se.pid, se.backend_start, se.server_start)
+                FOR UPDATE SKIP LOCKED LOOP
+        ended := ended + lease._end_bound_leases(s.queue, s.owner);
+        -- Kept while a lease locked by someone else still waits for it.
+        DELETE FROM lease.session se
+         WHERE se.queue = s.queue AND se.owner = s.owner
+           AND NOT EXISTS (SELECT FROM lease.job j
+                            WHERE j.queue = s.queue AND j.owner = s.owner
+                              AND j.state = 'leased' AND j.lease_until > clock_timestamp());
+    END LOOP;
+    RETURN ended;
+END
+$$;
+
+COMMENT ON FUNCTION lease._end_lost_sessions() IS
+    'Internal (lease.sweep, before it reaps): expires the leases bound to sessions that have ended, and forgets those sessions; returns how many leases.';
+
 CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
 RETURNS TABLE (recovered bigint, purged bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2771,6 +2899,14 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- Leases whose session has ended expire first, so that this pass
+    -- already recovers them.
+    BEGIN
+        PERFORM lease._end_lost_sessions();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('sessions: %s: %s', SQLSTATE, problem);
+    END;
     BEGIN
         FOR r IN SELECT * FROM lease._reap(n, NULL) LOOP
             recovered := recovered + lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled);
@@ -2843,7 +2979,7 @@ COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
     'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
+$$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
 of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
 counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
@@ -2864,10 +3000,12 @@ RETURN least(
                             WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
       WHERE NOT q.attached),
     (SELECT min(s.next_at) FROM lease.schedule s),
-    (SELECT min(w.next_try_at) FROM lease.write_back w));
+    (SELECT min(w.next_try_at) FROM lease.write_back w),
+    -- Sessions that leases are bound to are looked at on every pass.
+    (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes.';
 
 CREATE OR REPLACE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
@@ -3564,6 +3702,7 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
+    lease.bind_session(text, text),
     lease.release_named(text[], text, bigint[]),
     lease.cancel_key(text, text),
     lease.ready_channel(text),

@@ -152,9 +152,14 @@ pgrx::extension_sql_file!(
     ]
 );
 pgrx::extension_sql_file!(
+    "../../sql/session.sql",
+    name = "session",
+    requires = ["schema", "check", "access", shared::reaper_touch]
+);
+pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
-    requires = ["schema", "check", "head", "metrics", "outcome", "reap", "schedule"]
+    requires = ["schema", "check", "head", "metrics", "outcome", "reap", "schedule", "session"]
 );
 pgrx::extension_sql_file!(
     "../../sql/views.sql",

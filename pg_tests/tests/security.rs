@@ -463,6 +463,8 @@ async fn a_worker_of_one_queue_cannot_touch_another() {
     for sql in [
         "SELECT * FROM lease.claim_pending(1, '1 minute', 'bob', 'alpha')".to_owned(),
         "SELECT * FROM lease.reclaim_own(1, '1 minute', 'alice-1', 'alpha')".to_owned(),
+        "SELECT lease.bind_session('alpha', 'alice-1')".to_owned(),
+        "DELETE FROM lease.session".to_owned(),
         "SELECT lease.enqueue('alpha', '{}')".to_owned(),
         format!("SELECT lease.fenced_update({id}, {epoch}, '{{\"secret\": 2}}')"),
         format!("SELECT lease.fence({id}, {epoch})"),

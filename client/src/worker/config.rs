@@ -75,6 +75,17 @@ pub struct WorkerConfig {
     /// hostname); never run two workers with one owner name. Default
     /// false.
     pub reclaim_own: bool,
+    /// Bind this worker's leases to its listening session
+    /// (`lease.bind_session`): when that session ends (the process is
+    /// killed, its host vanishes and TCP keepalive gives up, the connection
+    /// closes) the reaper expires them within about a sweep interval and
+    /// another worker retries them, instead of after the ttl. A slow
+    /// session keeps them, and so does one whose connection the worker
+    /// replaced while the old backend still ran (a network blip); after a
+    /// connection that closed, the leases end, and their handlers' tokens
+    /// fire. Needs `listen` and a direct connection: a pooler keeps its
+    /// server session open after the worker is gone. Default false.
+    pub bind_session: bool,
 }
 
 impl WorkerConfig {
@@ -93,6 +104,7 @@ impl WorkerConfig {
             listen: true,
             grace_period: Duration::from_secs(30),
             reclaim_own: false,
+            bind_session: false,
         }
     }
 
@@ -126,6 +138,11 @@ impl WorkerConfig {
         if self.request_timeout.is_zero() || self.poll_interval.is_zero() {
             return Err(Error::invalid(
                 "request_timeout and poll_interval must be positive",
+            ));
+        }
+        if self.bind_session && !self.listen {
+            return Err(Error::invalid(
+                "bind_session binds the leases to the listening session: it needs listen",
             ));
         }
         Ok(())
@@ -168,5 +185,15 @@ mod tests {
         let mut bad = c;
         bad.concurrency = 0;
         assert!(bad.validate().is_err());
+    }
+
+    /// The leases are bound to the listening session: none without it.
+    #[test]
+    fn binding_the_session_needs_listen() {
+        let mut c = WorkerConfig::new("q");
+        c.bind_session = true;
+        assert!(c.validate().is_ok());
+        c.listen = false;
+        assert!(matches!(c.validate(), Err(Error::InvalidInput { .. })));
     }
 }

@@ -17,6 +17,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
+            () = ctx.renew_now.notified() => {}
         }
         let tokens: Vec<FencingToken> = ctx
             .slots()

@@ -1,4 +1,6 @@
-//! Wake-ups: `LISTEN` on the worker's queue's channel.
+//! Wake-ups: `LISTEN` on the worker's queue's channel, on a session of its
+//! own; with [`WorkerConfig::bind_session`](super::WorkerConfig::bind_session)
+//! that session is also the one the worker's leases are bound to.
 //!
 //! Each queue has a channel of its own whose name only roles that may work
 //! the queue can learn (`lease.ready_channel`); its notifications carry no
@@ -38,6 +40,9 @@ pub(super) async fn listener(ctx: &Ctx, stop: &CancellationToken) {
                 client
                     .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
                     .await?;
+                if ctx.config.bind_session {
+                    bind(ctx, client).await?;
+                }
                 Ok::<_, tokio_postgres::Error>(channel)
             };
             let channel = match tokio::time::timeout(ctx.config.request_timeout, channel).await {
@@ -73,4 +78,23 @@ pub(super) async fn listener(ctx: &Ctx, stop: &CancellationToken) {
             () = tokio::time::sleep(backoff.next()) => {}
         }
     }
+}
+
+/// Binds the worker's leases to this session (`lease.bind_session`), so
+/// that the reaper ends them when the session ends.
+async fn bind(ctx: &Ctx, client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+    let (queue, owner) = (&ctx.config.queue, &ctx.config.owner);
+    let row = client
+        .query_one("SELECT lease.bind_session($1, $2)", &[queue, owner])
+        .await?;
+    if row.try_get::<_, bool>(0)? {
+        tracing::debug!(%queue, %owner, "leases bound to the listening session");
+    } else {
+        tracing::warn!(%queue, %owner, "the session the leases were bound to had ended, and they with it");
+    }
+    // The leases of a session that ended are gone, whether this bind or
+    // the reaper ended them: a heartbeat now tells which, and fires their
+    // handlers' tokens.
+    ctx.renew_now.notify_one();
+    Ok(())
 }

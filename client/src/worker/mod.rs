@@ -30,7 +30,7 @@ pub use config::WorkerConfig;
 pub use job::{CancelReason, Job, Summary};
 
 use crate::client::Client;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::lease::Outcome;
 use crate::transaction::Pool;
 use actor::actor;
@@ -164,6 +164,11 @@ impl Worker {
     /// with backoff and never end the run.
     pub async fn run(self, shutdown: CancellationToken) -> Result<Summary> {
         self.config.validate()?;
+        if self.config.bind_session && self.client.connector().is_none() {
+            return Err(Error::invalid(
+                "bind_session needs a Client made with a Connector (a session of the worker's own)",
+            ));
+        }
         tracing::info!(
             queue = %self.config.queue,
             owner = %self.config.owner,
@@ -189,6 +194,7 @@ impl Worker {
             handler: self.handler,
             slots: Mutex::new(HashMap::new()),
             wake: Notify::new(),
+            renew_now: Notify::new(),
             hard_stop: CancellationToken::new(),
         });
         // Heartbeats and wake-ups run until every lease is recorded.
@@ -222,6 +228,8 @@ struct Ctx {
     slots: Mutex<HashMap<i64, Slot>>,
     /// Claim now (a notification came, or the listener reconnected).
     wake: Notify,
+    /// Heartbeat now (leases may have ended with a session).
+    renew_now: Notify,
     /// The grace period is over: drop handlers, abandon their rows.
     hard_stop: CancellationToken,
     counters: Counters,
