@@ -35,6 +35,9 @@
 //! database's claimed rows cross a step ([`shared::take_hot`]), and a hot
 //! database is looked at on that wake. Neither a hot nor a churning
 //! database is looked at more often than every `lease.vacuum_interval`.
+//! An explicit wake (`lease._reaper_wake`: a new schedule, whose first
+//! occurrence may come before the next pass) is looked at on that wake, at
+//! most once every `DUE_GAP`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -97,22 +100,29 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
             [0; shared::TOUCH_WORDS]
         };
         let hot = shared::take_hot();
+        let woken = shared::take_woken();
         // An idle pass costs nothing, not even a look at pg_database.
-        if !known.worth_a_pass(&touched, &hot) {
+        if !known.worth_a_pass(&touched, &hot, &woken) {
             continue;
         }
         let listed = databases();
         known.listed(&listed);
         for (oid, name) in listed {
             let hot = shared::touched(&hot, oid);
-            if known.due(oid, shared::touched(&touched, oid), hot) {
+            // An explicit wake counts as a touch, at most once a DUE_GAP.
+            let woken = shared::touched(&woken, oid);
+            let touched =
+                shared::touched(&touched, oid) || (woken && known.looked_before(oid, DUE_GAP));
+            if known.due(oid, touched, hot) {
                 shared::clear_verdict();
                 sweeper::sweep(oid, &name, known.vacuumed(oid));
                 let verdict = shared::take_verdict(oid);
                 known.record(oid, verdict, shared::next_due(), shared::take_vacuumed());
-            } else if hot {
+            } else if woken {
                 // Looked at too recently: the wake is kept as a due time.
-                known.look_soon(oid);
+                known.look_after(oid, DUE_GAP);
+            } else if hot {
+                known.look_after(oid, settings::vacuum_interval());
             }
         }
     }
@@ -202,13 +212,19 @@ impl Known {
         }
     }
 
-    /// Makes `oid` due once `lease.vacuum_interval` has passed since its
-    /// last look, if it is not due sooner.
-    fn look_soon(&mut self, oid: pg_sys::Oid) {
+    /// Makes `oid` due `gap` after its last look, if it is not due sooner.
+    fn look_after(&mut self, oid: pg_sys::Oid, gap: Duration) {
         if let Some(k) = self.databases.get_mut(&oid).filter(|k| k.installed) {
-            let soon = Instant::now() + k.quick_wait();
-            k.due_at = Some(k.due_at.map_or(soon, |t| t.min(soon)));
+            let then = k.checked_at + gap;
+            k.due_at = Some(k.due_at.map_or(then, |t| t.min(then)));
         }
+    }
+
+    /// Whether `oid` was last looked at `gap` ago or longer (or never).
+    fn looked_before(&self, oid: pg_sys::Oid, gap: Duration) -> bool {
+        self.databases
+            .get(&oid)
+            .is_none_or(|k| k.checked_at.elapsed() >= gap)
     }
 
     fn rediscover(&mut self, oid: pg_sys::Oid) {
@@ -266,12 +282,16 @@ impl Known {
     /// touch anywhere (it may come from a database not seen yet, e.g. one
     /// created from a template that has pg_lease), a known database due, or
     /// a periodic look due. A hot database counts as touched here.
-    fn worth_a_pass(&self, touched: &[u64], hot: &[u64]) -> bool {
+    fn worth_a_pass(&self, touched: &[u64], hot: &[u64], woken: &[u64]) -> bool {
         let periodic = self
             .listed_at
             .is_none_or(|t| t.elapsed() >= settings::discovery_interval());
         periodic
-            || touched.iter().chain(hot).any(|word| *word != 0)
+            || touched
+                .iter()
+                .chain(hot)
+                .chain(woken)
+                .any(|word| *word != 0)
             || self
                 .databases
                 .keys()

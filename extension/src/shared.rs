@@ -67,6 +67,12 @@ static CLAIMED: PgAtomic<[AtomicU64; TOUCH_BITS as usize]> =
 /// step: it may need a vacuum before the next pass.
 static HOT: PgAtomic<[AtomicU64; TOUCH_WORDS]> = unsafe { PgAtomic::new(c"pg_lease hot") };
 
+/// Bits like [`TOUCHED`]'s, set by an explicit wake (`lease._reaper_wake`):
+/// the database has work due before the next pass, such as a new
+/// schedule's first occurrence. Unlike [`HOT`], not held back by
+/// `lease.vacuum_interval`.
+static WOKEN: PgAtomic<[AtomicU64; TOUCH_WORDS]> = unsafe { PgAtomic::new(c"pg_lease woken") };
+
 /// A database that just ran `CREATE EXTENSION pg_lease` (0: none).
 static DISCOVER: PgAtomic<AtomicU32> = unsafe { PgAtomic::new(c"pg_lease discover") };
 
@@ -97,6 +103,7 @@ pub fn init() {
     pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(CLAIMED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(HOT = std::array::from_fn(|_| AtomicU64::new(0)));
+    pg_shmem_init!(WOKEN = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(DISCOVER = AtomicU32::new(0));
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
     pg_shmem_init!(SLOT_SHORTAGES = AtomicU64::new(0));
@@ -175,6 +182,13 @@ pub fn take_touched() -> [u64; TOUCH_WORDS] {
 /// them.
 pub fn take_hot() -> [u64; TOUCH_WORDS] {
     take_bits(&HOT)
+}
+
+/// Launcher side, every time it wakes: which databases were woken
+/// explicitly since the last call (bits as in [`take_touched`]), clearing
+/// them.
+pub fn take_woken() -> [u64; TOUCH_WORDS] {
+    take_bits(&WOKEN)
 }
 
 fn take_bits(shared: &PgAtomic<[AtomicU64; TOUCH_WORDS]>) -> [u64; TOUCH_WORDS] {
@@ -273,7 +287,7 @@ fn reaper_wake() {
     pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || {
         let (word, mask) = word_and_mask(slot_of(database));
         TOUCHED.get()[word].fetch_or(mask, Ordering::AcqRel);
-        HOT.get()[word].fetch_or(mask, Ordering::AcqRel);
+        WOKEN.get()[word].fetch_or(mask, Ordering::AcqRel);
         wake_launcher();
     });
 }
