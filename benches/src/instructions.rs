@@ -52,8 +52,7 @@ impl Bench {
                  includes a head raise on most claims (~0.1M instructions), which runs \
                  at most every 50 ms and is rare at full speed. \"Done rows kept\": \
                  the same with the queue's retention at an hour, so that a completion \
-                 marks its row done (an UPDATE) instead of deleting it (issue 15, item \
-                 2).",
+                 marks its row done (an UPDATE) instead of deleting it.",
                 self.size.instruction_cycles,
                 self.size.instruction_cycles / 4,
             ),

@@ -1,3 +1,4 @@
+// pg_tests: library only: it creates roles and grants, which the owner of the install without the library may not.
 //! The client's wrappers of what 0.2.0 added to the SQL surface: per-queue
 //! grants, cancel by key, requeue of dead letters, releasing many named
 //! leases at once, and the typed errors of the new refusals.

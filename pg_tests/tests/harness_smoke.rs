@@ -1,3 +1,4 @@
+// pg_tests: library only: it checks the harness, whatever the install.
 //! Checks the harness itself: a cluster starts, answers queries, is
 //! the PostgreSQL under test, and leaves neither a server process nor a data directory
 //! behind when dropped. Does not need the pg_lease extension.

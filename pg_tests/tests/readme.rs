@@ -1,3 +1,4 @@
+// pg_tests: library only: it reads files and starts no cluster.
 //! The documents' examples run as written: the SQL block of
 //! `docs/attached-tables.md` through psql against a real cluster, and each
 //! Rust block shown (that guide's, the README's outbox) is the code of an

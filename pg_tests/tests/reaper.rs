@@ -1,3 +1,4 @@
+// pg_tests: library only: the background reaper is the library.
 //! The background reaper against real clusters started with
 //! `shared_preload_libraries = 'pg_lease'`: nothing but the server itself
 //! recovers expired leases here; no test calls `lease.reap()`.

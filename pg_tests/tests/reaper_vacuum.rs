@@ -1,3 +1,4 @@
+// pg_tests: library only: the background reaper is the library.
 //! The sweeper's vacuum of `lease.job` (extension/src/vacuum.rs), against
 //! preloaded clusters with autovacuum off, so that nothing else vacuums.
 //!

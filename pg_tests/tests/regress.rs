@@ -1,3 +1,4 @@
+// pg_tests: library only: its golden files are those of CREATE EXTENSION.
 //! Golden-file SQL tests in the style of pg_regress: each
 //! `regress/sql/NAME.sql` runs through psql (statements echoed, errors shown
 //! as their SQLSTATE only) in a fresh database with the extension, and its

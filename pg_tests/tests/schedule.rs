@@ -1,3 +1,4 @@
+// pg_tests: library only: the preloaded reaper runs the schedules here.
 //! Periodic work (`lease.schedule`) against real clusters: each
 //! occurrence is enqueued exactly once while several sweepers race and a
 //! consumer drains the rows as fast as they come (so a duplicate could not

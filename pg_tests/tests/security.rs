@@ -1,3 +1,4 @@
+// pg_tests: library only: it attacks the library install and its reaper as other roles.
 //! pg_lease attacked the way its users could attack it: each test acts as
 //! the role that would attack (a role with only CREATEDB, a lease_worker of
 //! another queue, a lease_admin that does not own a table), never as the

@@ -1,3 +1,4 @@
+// pg_tests: library only: the background reaper is the library.
 //! The reaper cannot be starved of worker slots by another role.
 //!
 //! Parallel query workers and the reaper's sweepers come out of the same

@@ -1,3 +1,4 @@
+// pg_tests: library only: it attacks the library install as other roles.
 //! The second security pass: attached tables' write-backs (`on_dead`,
 //! `on_cancel`), NOTIFY and payload size, attacked by the roles that would:
 //! a table owner who is no superuser (`tenant`, a lease_admin) against a

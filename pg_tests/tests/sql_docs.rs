@@ -1,3 +1,4 @@
+// pg_tests: library only: it reads files and starts no cluster.
 //! The SQL reference, `docs/sql.md`, says what the objects' own comments
 //! say: for every public function and view of the extension, its entry in
 //! the reference holds its `COMMENT ON` text and its declaration (from

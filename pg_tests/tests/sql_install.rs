@@ -1,3 +1,4 @@
+// pg_tests: library only: it makes the install without the library itself.
 //! The install without the library (`bin/sql-install`, for managed
 //! PostgreSQL): a database owner who is not a superuser runs it, the result
 //! equals the extension's catalog except for the documented differences,

@@ -1,3 +1,4 @@
+// pg_tests: library only: it reads files and starts no cluster.
 //! The layout of `sql/`: each file's `requires` in `extension/src/lib.rs`
 //! names exactly the files (and the library's functions) whose objects its
 //! SQL uses, so the list is the call graph and a reader can trust it. pgrx

@@ -1,3 +1,4 @@
+// pg_tests: library only: it updates the extension from its previous version.
 //! `ALTER EXTENSION pg_lease UPDATE` from 0.1.0: held leases survive it, and
 //! the upgraded catalog equals a fresh install of the current version.
 //!
