@@ -15,7 +15,9 @@
 //! (`CHECKS` below); the sampler of `pg_stat_activity` adds the last one.
 //! `worker_survives_faults` runs the same workload through the client's
 //! `Worker` (`src/bin/fault_client_worker.rs`) and holds it to the same
-//! checks.
+//! checks; `bound_worker_survives_faults` does too with the Worker's leases
+//! bound to its session (`WorkerConfig::bind_session`), so that every kill,
+//! terminated session, cut and restart also ends leases early.
 //!
 //! * `one_valid_owner` — at most one valid owner per item at any database
 //!   time: accepted writes never go back to an older epoch, and no lease is
@@ -125,6 +127,9 @@ enum Driver {
     /// `src/bin/fault_client_worker.rs`: `pg_lease_client::Worker` with
     /// `tasks` slots and fenced transactions from `Job::transaction`.
     Worker,
+    /// The same with `bind=1`: the Worker's leases bound to its listening
+    /// session, which the faults' kills, terminations, cuts and restarts end.
+    BoundWorker,
 }
 
 /// What one run does.
@@ -145,7 +150,7 @@ impl Params {
     fn session_names(&self) -> u32 {
         match self.driver {
             Driver::Sql => self.tasks,
-            Driver::Worker => 1,
+            Driver::Worker | Driver::BoundWorker => 1,
         }
     }
 }
@@ -234,9 +239,12 @@ impl Worker {
                     ));
                 cmd
             }
-            Driver::Worker => {
+            Driver::Worker | Driver::BoundWorker => {
                 let mut cmd = Command::new(env!("CARGO_BIN_EXE_fault_client_worker"));
-                cmd.arg(format!("slots={}", p.tasks));
+                cmd.arg(format!("slots={}", p.tasks)).arg(format!(
+                    "bind={}",
+                    u8::from(p.driver == Driver::BoundWorker)
+                ));
                 cmd
             }
         };
@@ -1042,6 +1050,26 @@ async fn worker_survives_faults() {
     assert_clean(&outcome);
 }
 
+/// The same with the Worker's leases bound to its session: a lease that a
+/// fault ends early (its process killed, its listening session terminated
+/// or cut, the server restarted) is taken over only after the sweep
+/// expired it, and every check holds as without binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_worker_survives_faults() {
+    let outcome = run(Params {
+        label: "CI, Worker with bound sessions",
+        seed: seed(),
+        fault_secs: 30,
+        workers: 3,
+        tasks: 3,
+        driver: Driver::BoundWorker,
+        fenced: true,
+        break_name: break_name(),
+    })
+    .await;
+    assert_clean(&outcome);
+}
+
 /// The control: the same workload without fencing must be caught.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_without_fencing_finds_violations() {
@@ -1086,10 +1114,12 @@ async fn soak() {
     assert_clean(&outcome);
 }
 
-/// `PG_LEASE_FAULTS_DRIVER=worker` soaks the `Worker` instead.
+/// `PG_LEASE_FAULTS_DRIVER=worker` soaks the `Worker` instead, `bound` the
+/// `Worker` with bound sessions.
 fn soak_driver() -> Driver {
     match std::env::var("PG_LEASE_FAULTS_DRIVER").as_deref() {
         Ok("worker") => Driver::Worker,
+        Ok("bound") => Driver::BoundWorker,
         _ => Driver::Sql,
     }
 }

@@ -388,31 +388,16 @@ async fn a_live_rebind_takes_the_leases_over_and_the_last_session_ends_them() {
     pg.batch_execute(&format!("SELECT pg_terminate_backend({first_pid})"))
         .await
         .expect("terminate the first");
-    eventually(
-        &pg,
-        &format!("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = {first_pid})"),
-        Duration::from_secs(5),
-    )
-    .await;
-    pg.batch_execute("SELECT lease.sweep()")
-        .await
-        .expect("sweep");
+    sweep_once_gone(&pg, first_pid).await;
     assert_eq!(
         scalar::<i64>(&pg, leased).await,
         3,
-        "the old session took the leases along"
+        "the ended old session ended leases the new one holds"
     );
 
+    let second_pid: i32 = scalar(&second, "SELECT pg_backend_pid()").await;
     drop(second);
-    eventually(
-        &pg,
-        "SELECT NOT EXISTS (SELECT FROM pg_stat_activity a JOIN lease.session s ON s.pid = a.pid)",
-        Duration::from_secs(5),
-    )
-    .await;
-    pg.batch_execute("SELECT lease.sweep()")
-        .await
-        .expect("sweep");
+    sweep_once_gone(&pg, second_pid).await;
     assert_eq!(
         scalar::<i64>(&pg, leased).await,
         0,
@@ -434,6 +419,19 @@ async fn a_live_rebind_takes_the_leases_over_and_the_last_session_ends_them() {
     }
     let sessions: i64 = scalar(&pg, "SELECT count(*) FROM lease.session").await;
     assert_eq!(sessions, 0, "the ended session is forgotten");
+}
+
+/// Waits until backend `pid` has exited, then sweeps.
+async fn sweep_once_gone(pg: &tokio_postgres::Client, pid: i32) {
+    eventually(
+        pg,
+        &format!("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = {pid})"),
+        Duration::from_secs(5),
+    )
+    .await;
+    pg.batch_execute("SELECT lease.sweep()")
+        .await
+        .expect("sweep");
 }
 
 /// Binding checks its input as the claims do, and a refused bind binds

@@ -21,7 +21,8 @@
 //! suite's faults).
 //!
 //! Arguments: `conn=<libpq string>` `worker=<n>` `slots=<n>` `ttl_ms=<n>`
-//! `max_secs=<n>`. Its owner and every connection's `application_name` is
+//! `max_secs=<n>`, and `bind=1` for leases bound to the Worker's session
+//! (`WorkerConfig::bind_session`). Its owner and every connection's `application_name` is
 //! `w<worker>-t0`, which the suite's fault injection and sampler match.
 //! The process exits when its stdin closes or after `max_secs`.
 
@@ -44,12 +45,13 @@ struct Config {
     slots: usize,
     ttl: Duration,
     max_secs: u64,
+    bind: bool,
 }
 
 impl Config {
     fn from_args() -> Result<Config, String> {
-        let (mut conn, mut worker, mut slots, mut ttl_ms, mut max_secs) =
-            (String::new(), 0, 3, 400, 600);
+        let (mut conn, mut worker, mut slots, mut ttl_ms, mut max_secs, mut bind) =
+            (String::new(), 0, 3, 400, 600, 0);
         for (key, value) in key_values()? {
             let num = || number(&key, &value);
             match key.as_str() {
@@ -58,6 +60,7 @@ impl Config {
                 "slots" => slots = num()?,
                 "ttl_ms" => ttl_ms = num()?,
                 "max_secs" => max_secs = num()?,
+                "bind" => bind = num()?,
                 _ => return Err(format!("unknown argument {key}")),
             }
         }
@@ -71,6 +74,7 @@ impl Config {
             slots: usize::try_from(slots).map_err(|e| e.to_string())?,
             ttl: Duration::from_millis(ttl_ms),
             max_secs,
+            bind: bind != 0,
         })
     }
 }
@@ -348,6 +352,7 @@ fn main() {
         config.owner = cfg.owner.clone();
         config.concurrency = cfg.slots;
         config.poll_interval = Duration::from_millis(50);
+        config.bind_session = cfg.bind;
         let handler_cfg = Arc::clone(&cfg);
         let worker = Worker::new(client, config, move |job| {
             handle(Arc::clone(&handler_cfg), job)
