@@ -79,7 +79,7 @@ BEGIN
     -- Leases whose session has ended expire first, so that this pass
     -- already recovers them.
     BEGIN
-        PERFORM lease._end_lost_sessions();
+        PERFORM lease._end_lost_sessions(n);
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
         failures := failures || format('sessions: %s: %s', SQLSTATE, problem);
