@@ -2764,18 +2764,24 @@ $$Internal: asks the preloaded reaper to look at this database as soon as the cu
 (lease.schedule calls it); does nothing where pg_lease is not preloaded.$$;
 
 -- session.sql: leases bound to a session (new).
-CREATE OR REPLACE FUNCTION lease._session_alive(pid integer, backend_start timestamptz, server_start timestamptz)
-RETURNS boolean
+CREATE OR REPLACE FUNCTION lease._ended_sessions() RETURNS TABLE (queue text, owner text)
 LANGUAGE sql STABLE
-RETURN server_start = pg_postmaster_start_time()
-   AND EXISTS (SELECT FROM pg_stat_activity a
-                WHERE a.pid = _session_alive.pid
-                  -- NULL where the reader may not see it: the pid alone decides.
-                  AND (a.backend_start IS NULL OR _session_alive.backend_start IS NULL
-                       OR a.backend_start = _session_alive.backend_start));
+BEGIN ATOMIC
+    -- One anti-join: the backends are read once, however many sessions a
+    -- queue's workers have bound.
+    SELECT se.queue, se.owner
+      FROM lease.session se
+     -- After a restart no backend of before is alive.
+     WHERE se.server_start <> pg_postmaster_start_time()
+        OR NOT EXISTS (SELECT FROM pg_stat_activity a
+                        WHERE a.pid = se.pid
+                          -- NULL where the reader may not see it: the pid alone decides.
+                          AND (a.backend_start IS NULL OR se.backend_start IS NULL
+                               OR a.backend_start = se.backend_start));
+END;
 
-COMMENT ON FUNCTION lease._session_alive(integer, timestamptz, timestamptz) IS
-    'Internal: whether the backend PID that started at BACKEND_START, on the server that started at SERVER_START, still runs.';
+COMMENT ON FUNCTION lease._ended_sessions() IS
+    'Internal: the bindings (queue, owner) whose session has ended: its backend is gone, or the server restarted since.';
 
 CREATE OR REPLACE FUNCTION lease._end_bound_leases(queue text, owner text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -2823,7 +2829,7 @@ BEGIN
     -- The session the leases were bound to has ended: so have they, even
     -- if the reaper has not got to them yet. A live one (the holder
     -- reconnected while its old backend still ran) hands them over.
-    IF FOUND AND NOT lease._session_alive(prior.pid, prior.backend_start, prior.server_start) THEN
+    IF FOUND AND EXISTS (SELECT FROM lease._ended_sessions() e WHERE e.queue = q AND e.owner = o) THEN
         ended := lease._end_bound_leases(q, o);
     END IF;
     -- The reaper looks at this database from now on (lease._next_sweep_due).
@@ -2855,15 +2861,9 @@ DECLARE
     s record;
     ended bigint := 0;
 BEGIN
-    -- lease._session_alive's test, as one anti-join: each pass reads the
-    -- backends once, however many sessions a queue's workers have bound.
     FOR s IN SELECT se.queue, se.owner
                FROM lease.session se
-              WHERE se.server_start <> pg_postmaster_start_time()
-                 OR NOT EXISTS (SELECT FROM pg_stat_activity a
-                                 WHERE a.pid = se.pid
-                                   AND (a.backend_start IS NULL OR se.backend_start IS NULL
-                                        OR a.backend_start = se.backend_start))
+              WHERE (se.queue, se.owner) IN (SELECT e.queue, e.owner FROM lease._ended_sessions() e)
               LIMIT max_rows
                 FOR UPDATE OF se SKIP LOCKED LOOP
         ended := ended + lease._end_bound_leases(s.queue, s.owner);

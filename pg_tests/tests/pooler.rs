@@ -63,6 +63,16 @@ fn assert_no_statement_lost(cluster: &Cluster) {
     assert!(lost.is_empty(), "statements lost in the pooler: {lost:#?}");
 }
 
+/// Queue `drain` with 2,000 jobs.
+async fn fill_drain(client: &Client) {
+    pg_tests::jobs::queue(client, "drain").await;
+    let payloads: Vec<_> = (0..2_000).map(|n| json!({ "n": n })).collect();
+    client
+        .enqueue_batch("drain", &payloads, &Default::default())
+        .await
+        .expect("enqueue");
+}
+
 fn worker_config(queue: &str) -> WorkerConfig {
     let mut config = WorkerConfig::new(queue).with_ttl(Duration::from_secs(10));
     config.listen = false;
@@ -127,12 +137,7 @@ async fn workers_drain_a_queue_exactly_once_through_the_pooler() {
     let cluster = Cluster::start();
     let bouncer = Bouncer::start(&cluster, &[]);
     let client = pooled(&bouncer).await;
-    pg_tests::jobs::queue(&client, "drain").await;
-    let payloads: Vec<_> = (0..2_000).map(|n| json!({ "n": n })).collect();
-    client
-        .enqueue_batch("drain", &payloads, &Default::default())
-        .await
-        .expect("enqueue");
+    fill_drain(&client).await;
 
     let starts: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
     let mut running = Vec::new();
@@ -231,12 +236,7 @@ async fn a_pooler_restart_mid_drain_loses_nothing() {
     let cluster = Cluster::start_with(ClusterConfig::with_reaper(Duration::from_millis(200)));
     let mut bouncer = Bouncer::start(&cluster, &[]);
     let client = pooled(&bouncer).await;
-    pg_tests::jobs::queue(&client, "drain").await;
-    let payloads: Vec<_> = (0..2_000).map(|n| json!({ "n": n })).collect();
-    client
-        .enqueue_batch("drain", &payloads, &Default::default())
-        .await
-        .expect("enqueue");
+    fill_drain(&client).await;
 
     let starts: Arc<Mutex<HashMap<(i64, i64), u32>>> = Arc::default();
     let worker = {
