@@ -203,7 +203,8 @@ and moves every queue's head (where claims start reading) back to its start. Nev
 -- the claim order and how many rows wait for a later next_at. Rows with a
 -- rank (an attached table's order_by) count as ready.
 CREATE FUNCTION lease._queue_head(queue text, OUT delayed bigint, OUT oldest_ready timestamptz)
-LANGUAGE plpgsql STABLE
+-- The owner's rights: lease_admin reads the metrics view but not lease.job.
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

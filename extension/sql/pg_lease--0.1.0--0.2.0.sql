@@ -3375,7 +3375,8 @@ Rebuilds the concurrency slots (lease.key_slot) from the rows too, and admits he
 and moves every queue's head (where claims start reading) back to its start. Never needed in normal operation: for after rows were changed other than through lease.* functions.$$;
 
 CREATE OR REPLACE FUNCTION lease._queue_head(queue text, OUT delayed bigint, OUT oldest_ready timestamptz)
-LANGUAGE plpgsql STABLE
+-- The owner's rights: lease_admin reads the metrics view but not lease.job.
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
