@@ -338,6 +338,13 @@ pub struct JobFilter {
     pub queue: Option<String>,
     /// Only rows in this state. Default: all.
     pub state: Option<crate::JobState>,
+    /// Only the row of this key (needs `queue`: a key is unique within
+    /// its queue). Default: any.
+    pub key: Option<String>,
+    /// Only rows with an id greater than this: the last id of the page
+    /// before, so that each page costs its own rows, however deep.
+    /// Default: from the start.
+    pub after: Option<i64>,
     /// At most this many rows, lowest id first. Default 100.
     pub limit: u32,
 }
@@ -347,6 +354,8 @@ impl Default for JobFilter {
         JobFilter {
             queue: None,
             state: None,
+            key: None,
+            after: None,
             limit: 100,
         }
     }

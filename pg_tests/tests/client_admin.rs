@@ -1,7 +1,8 @@
 // pg_tests: library only: it creates roles and grants, which the owner of the install without the library may not.
-//! The client's wrappers of what 0.2.0 added to the SQL surface: per-queue
-//! grants, cancel by key, requeue of dead letters, releasing many named
-//! leases at once, and the typed errors of the new refusals.
+//! The client's calls for operators: per-queue grants, cancel by key,
+//! requeue of dead letters, releasing many named leases at once, the
+//! monitoring views, paging through rows, and the typed errors of their
+//! refusals.
 
 use std::time::Duration;
 
@@ -246,3 +247,95 @@ async fn claims_report_how_long_rows_waited() {
     );
 }
 
+/// `Client::jobs` pages by id (each page starts after the last id of the
+/// one before) and finds a key through its queue; a key without a queue is
+/// refused before anything is sent. New with the dashboard's paging.
+#[tokio::test]
+async fn jobs_page_by_id_and_find_a_key_within_its_queue() {
+    let cluster = Cluster::start();
+    let client = Client::connect(&cluster.conn_string(TEST_DB))
+        .await
+        .expect("client");
+    for q in ["q", "other"] {
+        client
+            .create_queue(q, &QueueOptions::default())
+            .await
+            .expect("queue");
+    }
+    let mut ids = Vec::new();
+    for n in 0..7 {
+        let options = pg_lease_client::EnqueueOptions {
+            key: Some(format!("k{n}")),
+            ..Default::default()
+        };
+        ids.push(
+            client
+                .enqueue_with("q", &json!({ "n": n }), &options)
+                .await
+                .expect("enqueue"),
+        );
+        client
+            .enqueue("other", &json!({}))
+            .await
+            .expect("enqueue other");
+    }
+    let mut filter = pg_lease_client::JobFilter {
+        queue: Some("q".into()),
+        limit: 3,
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    loop {
+        let page = client.jobs(&filter).await.expect("page");
+        seen.extend(page.iter().map(|j| j.id));
+        match page.last() {
+            Some(last) if page.len() == 3 => filter.after = Some(last.id),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, ids, "three pages, every row of q once, in id order");
+
+    let by_key = |key: &str, state, after| pg_lease_client::JobFilter {
+        queue: Some("q".into()),
+        key: Some(key.into()),
+        state,
+        after,
+        ..Default::default()
+    };
+    let found = client.jobs(&by_key("k4", None, None)).await.expect("key");
+    assert_eq!(found.iter().map(|j| j.id).collect::<Vec<_>>(), vec![ids[4]]);
+    let pending = Some(pg_lease_client::JobState::Pending);
+    assert_eq!(
+        client
+            .jobs(&by_key("k4", pending, None))
+            .await
+            .expect("key")
+            .len(),
+        1
+    );
+    let dead = Some(pg_lease_client::JobState::Dead);
+    assert!(client
+        .jobs(&by_key("k4", dead, None))
+        .await
+        .expect("key")
+        .is_empty());
+    assert!(client
+        .jobs(&by_key("k4", None, Some(ids[4])))
+        .await
+        .expect("key")
+        .is_empty());
+    assert!(client
+        .jobs(&by_key("nope", None, None))
+        .await
+        .expect("key")
+        .is_empty());
+
+    let no_queue = pg_lease_client::JobFilter {
+        key: Some("k4".into()),
+        ..Default::default()
+    };
+    match client.jobs(&no_queue).await {
+        Err(Error::InvalidInput { code, .. }) => assert_eq!(code, "client"),
+        other => panic!("a key without a queue: {other:?}"),
+    }
+}

@@ -23,6 +23,7 @@ pub async fn list(
         queue,
         state,
         limit,
+        ..JobFilter::default()
     };
     let jobs = client.jobs(&filter).await.map_err(denied)?;
     if out.is_json() {
@@ -136,7 +137,7 @@ fn job_json(j: &JobRecord) -> Value {
 /// The time that matters in a row's state, for a table: when a pending row
 /// becomes claimable, when a lease ends, when a finished row finished. By
 /// this machine's clock against the database's times, so roughly.
-fn when(j: &JobRecord, now: SystemTime) -> String {
+pub fn when(j: &JobRecord, now: SystemTime) -> String {
     match j.state {
         JobState::Pending if j.next_at <= now => "ready".to_owned(),
         JobState::Pending => format!("ready {}", relative(j.next_at, now)),

@@ -260,13 +260,41 @@ impl Client {
     /// says. It reads the table itself, which only the superuser may (no
     /// view shows rows in every state); others get
     /// [`Error::PermissionDenied`](crate::Error::PermissionDenied).
+    ///
+    /// A `key` needs a `queue` ([`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// otherwise) and is found through the queue's key index; without one,
+    /// pages walk the primary key from `after`.
     pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
+        if let Some(key) = &filter.key {
+            let Some(queue) = &filter.queue else {
+                return Err(Error::invalid("a key filter needs a queue"));
+            };
+            let row = self.job_by_key(queue, key).await?;
+            let wanted = |j: &JobRecord| {
+                filter.state.is_none_or(|s| s == j.state)
+                    && filter.after.is_none_or(|after| j.id > after)
+                    && filter.limit > 0
+            };
+            return Ok(row.into_iter().filter(wanted).collect());
+        }
         let queue = filter.queue.as_deref();
         let state = filter.state.map(state_name);
         let limit = i64::from(filter.limit);
+        let after = filter.after.unwrap_or(i64::MIN);
         self.call(|c| async move {
-            let rows = c.query(Query::Jobs, &[&queue, &state, &limit]).await?;
+            let rows = c
+                .query(Query::Jobs, &[&queue, &state, &limit, &after])
+                .await?;
             rows.iter().map(job_record).collect()
+        })
+        .await
+    }
+
+    /// The row of `key` in `queue`, if any.
+    async fn job_by_key(&self, queue: &str, key: &str) -> Result<Option<JobRecord>> {
+        self.call(|c| async move {
+            let rows = c.query(Query::JobByKey, &[&queue, &key]).await?;
+            rows.first().map(job_record).transpose()
         })
         .await
     }

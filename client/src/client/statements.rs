@@ -56,6 +56,7 @@ queries! {
     ReaperStats,
     QueueSettings,
     Jobs,
+    JobByKey,
     Job,
     ExtensionVersions,
     Schedule,
@@ -289,8 +290,10 @@ impl Query {
             S::Jobs => concat!(
                 job_columns!(),
                 "WHERE ($1::text IS NULL OR queue = $1::text) ",
-                "AND ($2::text IS NULL OR state::text = $2::text) ORDER BY id LIMIT $3::bigint"
+                "AND ($2::text IS NULL OR state::text = $2::text) AND id > $4::bigint ",
+                "ORDER BY id LIMIT $3::bigint"
             ),
+            S::JobByKey => concat!(job_columns!(), "WHERE queue = $1::text AND key = $2::text"),
             S::Job => concat!(job_columns!(), "WHERE id = $1::bigint"),
             S::ExtensionVersions => concat!(
                 "SELECT current_database()::text, ",
