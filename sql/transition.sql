@@ -8,7 +8,7 @@
 -- each branch is an enum constant: the CASE of text cast to lease.job_state
 -- as a whole converted at run time (enum_in is STABLE), which kept this
 -- IMMUTABLE function from being inlined, and every statement calling it ran
--- the body through the SQL-function executor (pg_tests/tests/inlining.rs).
+-- the body through the SQL-function executor (pg_tests/tests/sql_inlining.rs).
 CREATE FUNCTION lease.next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
                                  attached boolean)
 RETURNS lease.job_state
