@@ -150,6 +150,18 @@ pub enum Command {
     /// ALTER EXTENSION pg_lease UPDATE to the newest version the server's
     /// files offer; prints from-version → to-version.
     Upgrade,
+    /// A web dashboard of this database, until Ctrl-C: queues, rows, dead
+    /// letters, schedules, named leases, the reaper; with
+    /// --allow-actions, requeue, cancel and purge as the connecting role.
+    Ui {
+        /// Address to listen on; anything but loopback is warned about.
+        #[arg(long, default_value = "127.0.0.1:8420")]
+        listen: std::net::SocketAddr,
+        /// Offer requeue, cancel and purge (each as the connecting role's
+        /// grants allow).
+        #[arg(long)]
+        allow_actions: bool,
+    },
 }
 
 /// `pg-lease jobs ...`.

@@ -67,6 +67,12 @@ pub enum CliError {
     /// Something asked for is not there (a row, the extension).
     #[error("{0}")]
     NotFound(String),
+    /// `ui` could not listen on its address.
+    #[error("could not listen on {0}: {1}")]
+    Listen(String, #[source] std::io::Error),
+    /// `ui`'s server failed after it started.
+    #[error("the dashboard's server failed: {0}")]
+    Serve(#[source] std::io::Error),
     /// Writing to stdout failed.
     #[error("could not write the output: {0}")]
     Output(#[from] std::io::Error),
@@ -83,7 +89,8 @@ impl CliError {
             CliError::NoDatabase
             | CliError::BadConnectionString(_)
             | CliError::Connect { .. }
-            | CliError::ConnectPg { .. } => 2,
+            | CliError::ConnectPg { .. }
+            | CliError::Listen(..) => 2,
             _ => 1,
         }
     }
@@ -164,7 +171,7 @@ fn pg_reason(e: &tokio_postgres::Error) -> String {
 
 /// [`pg_reason`] for the client's errors, which keep the server's error
 /// where there was one.
-fn client_reason(e: &pg_lease_client::Error) -> String {
+pub fn client_reason(e: &pg_lease_client::Error) -> String {
     use pg_lease_client::Error as E;
     match e {
         E::Database(pg) | E::Connection(pg) if pg.as_db_error().is_some() => pg_reason(pg),

@@ -10,7 +10,7 @@
 //! pg-lease --json jobs show 4711 | jq .payload
 //! ```
 //!
-//! `args` is the command line, `commands` one module per group of
+//! `args` is the command line, `ui` the web dashboard, `commands` one module per group of
 //! commands, `output` the tables and JSON they print, `error` what can go
 //! wrong and the exit code it gives.
 
@@ -19,6 +19,7 @@ mod commands;
 mod error;
 mod output;
 mod target;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -66,9 +67,20 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
                 .extension_versions()
                 .await
                 .map_err(|source| CliError::Connect {
-                    target: target.shown,
+                    target: target.shown.clone(),
                     source,
                 })?;
+            if let Command::Ui {
+                listen,
+                allow_actions,
+            } = command
+            {
+                let options = ui::Options {
+                    listen,
+                    allow_actions,
+                };
+                return ui::serve(client, target.shown, options).await;
+            }
             let needs = needs(&command);
             commands::run(&client, command, out)
                 .await

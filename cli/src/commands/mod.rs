@@ -18,6 +18,7 @@ use crate::error::CliError;
 use crate::output::Output;
 
 pub use extension::{install, upgrade};
+pub use jobs::{state_name, when};
 
 /// How a command that ran ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,8 +76,8 @@ pub async fn run(client: &Client, command: Command, out: Output) -> Result<Done,
         Command::Purge { queue, yes, .. } => {
             dead::purge_dead(client, out, queue.as_deref().unwrap_or_default(), yes).await
         }
-        Command::Install | Command::Upgrade => Err(CliError::NotFound(
-            "install and upgrade do not run through the client".to_owned(),
+        Command::Install | Command::Upgrade | Command::Ui { .. } => Err(CliError::NotFound(
+            "install, upgrade and ui do not run as one command through the client".to_owned(),
         )),
     }
 }

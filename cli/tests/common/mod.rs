@@ -69,3 +69,4 @@ pub fn line_cells(out: &Output, first: &str) -> Vec<String> {
         .unwrap_or_else(|| panic!("no line for {first:?} in\n{text}"));
     line.split_whitespace().map(str::to_owned).collect()
 }
+pub mod browser;

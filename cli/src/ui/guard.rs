@@ -1,0 +1,129 @@
+//! What every request passes before and after its handler.
+//!
+//! * The Host header must be an IP address or `localhost`: a page of
+//!   another site whose name was made to resolve to this address (DNS
+//!   rebinding) would otherwise read the dashboard as same-origin, tokens
+//!   included.
+//! * Forms carry a token drawn at start; a page of another site cannot
+//!   read it, so it cannot post an action in the operator's browser.
+//! * Answers forbid framing, inline scripts and caching, and say how long
+//!   the server took (`Server-Timing`, read by `bin/bench`).
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::http::header::{HeaderName, HeaderValue, CACHE_CONTROL, HOST};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::reply::UiError;
+
+/// The headers every answer carries.
+const HEADERS: &[(&str, &str)] = &[
+    (
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+         connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("x-frame-options", "DENY"),
+    ("referrer-policy", "no-referrer"),
+];
+
+/// The middleware: checks the host, then adds the headers.
+pub async fn check(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let host = request
+        .headers()
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if !local_name(host) {
+        return UiError::Forbidden(format!(
+            "this dashboard answers to IP addresses and localhost, not to {host:?}"
+        ))
+        .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    for (name, value) in HEADERS {
+        headers.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
+    }
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let took = format!("app;dur={:.1}", started.elapsed().as_secs_f64() * 1000.0);
+    if let Ok(value) = HeaderValue::from_str(&took) {
+        headers.insert(HeaderName::from_static("server-timing"), value);
+    }
+    response
+}
+
+/// True for `localhost` and IP literals, with or without a port.
+fn local_name(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((address, _)) => address,
+            None => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok()
+}
+
+/// A fresh token: 128 bits from the kernel, as hex.
+pub fn new_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `a == b` in a time that does not depend on where they differ.
+pub fn same_token(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+            == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_addresses_and_localhost_are_local_names() {
+        for ok in [
+            "127.0.0.1:8420",
+            "localhost:1",
+            "LOCALHOST",
+            "[::1]:8420",
+            "10.0.0.7",
+        ] {
+            assert!(local_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "evil.example:8420",
+            "127.0.0.1.evil.example",
+            "[::1",
+            "localhost.evil",
+        ] {
+            assert!(!local_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_are_fresh_and_compared_whole() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+        assert!(same_token(&a, &a.clone()));
+        assert!(!same_token(&a, &b));
+        assert!(!same_token(&a, &a[..31]));
+        assert!(!same_token("", &a));
+    }
+}
