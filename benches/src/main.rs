@@ -15,7 +15,7 @@
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, pinned, churn, reaper, sweep,
+//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, dashboard, pinned, churn, reaper, sweep,
 //!           instructions
 //! ```
 //!
@@ -24,6 +24,7 @@
 
 mod churn;
 mod cpu;
+mod dashboard;
 mod instructions;
 mod keys;
 mod metrics;
@@ -52,6 +53,7 @@ const SECTIONS: &[&str] = &[
     "worker",
     "latency",
     "metrics",
+    "dashboard",
     "pinned",
     "churn",
     "reaper",
@@ -212,6 +214,7 @@ fn run() -> Res<()> {
                 "worker" => bench.worker(&mut results).await?,
                 "latency" => bench.latency(&mut results).await?,
                 "metrics" => bench.metrics(&mut results).await?,
+                "dashboard" => bench.dashboard(&mut results).await?,
                 "pinned" => bench.pinned(&mut results).await?,
                 "churn" => bench.churn(&mut results).await?,
                 "reaper" => bench.reaper(&mut results).await?,

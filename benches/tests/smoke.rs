@@ -32,6 +32,7 @@ fn smoke_run_measures_every_scenario() {
         "Sustained churn",
         "Per-key concurrency",
         "Reaper cost in idle databases",
+        "Dashboard pages vs backlog",
         "Concurrency sweep",
         "Instructions per job (callgrind)",
     ] {
