@@ -1,15 +1,15 @@
 //! The worker's actor: one loop that owns every lease the worker holds.
 //!
 //! Each lease is in exactly one place: waiting for a slot, with a running
-//! handler, finished and waiting to be recorded, or inside a database call
+//! handler, finished and waiting to be released, or inside a database call
 //! in flight. The loop claims while the worker may hold more leases
 //! (`concurrency + prefetch`, the prefetch sized by [`Pace`] unless set),
 //! starts waiting rows in claim order as slots
-//! free up, and records finished jobs, taking the done ones' leases up
+//! free up, and releases finished jobs, taking the done ones' leases up
 //! again in the same statement (`release_and_claim`). Heartbeats and
 //! `LISTEN` run beside it on their own connections.
 //!
-//! Calls in flight: at most one claim, and up to [`RECORD_LANES`] release
+//! Calls in flight: at most one claim, and up to [`RELEASE_LANES`] release
 //! batches (each with its refill), each lane on a connection of its own so
 //! that the server runs them side by side (on one connection they would
 //! run one after the other). Throughput comes from batching as wide as the
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::run_job;
 use super::held::{register, Held, Ready};
 use super::pace::Pace;
-use super::release::{record, Recorded};
+use super::release::{release_finished, Released};
 use super::{Ctx, MAX_BATCH};
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -46,12 +46,12 @@ struct ClaimDone {
 }
 
 /// Release batches in flight at once, each on its own connection.
-const RECORD_LANES: usize = 2;
+const RELEASE_LANES: usize = 2;
 
-/// What recording a batch came to.
+/// What releasing a batch came to.
 struct RecordDone {
     lane: usize,
-    recorded: Recorded,
+    released: Released,
     /// Leases counted as held while the call runs: the batch's, except
     /// the done ones a refill replaces in the same statement, and the rows
     /// the refill asked for.
@@ -100,7 +100,7 @@ struct Claims {
 
 /// Runs until `shutdown` fires (or a claim fails for good), then lets the
 /// running handlers finish within the grace period and returns once every
-/// lease is recorded: the error of that failed claim, if any.
+/// lease is released: the error of that failed claim, if any.
 pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Result<()> {
     let cfg = &ctx.config;
     let mut pace = Pace::new(cfg);
@@ -117,17 +117,17 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
         not_before: Instant::now(),
         backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
     };
-    let mut record_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    let mut record_not_before = Instant::now();
+    let mut release_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut release_not_before = Instant::now();
     let mut claiming: Lane<'_, ClaimDone> = None;
-    let lanes: Vec<Client> = (0..RECORD_LANES)
+    let lanes: Vec<Client> = (0..RELEASE_LANES)
         .map(|lane| match lane {
             0 => ctx.client.clone(),
             _ => ctx.client.separate(None),
         })
         .collect();
-    let mut idle_lanes: Vec<usize> = (0..RECORD_LANES).rev().collect();
-    let mut recording = FuturesUnordered::new();
+    let mut idle_lanes: Vec<usize> = (0..RELEASE_LANES).rev().collect();
+    let mut releasing = FuturesUnordered::new();
     let mut grace = None;
     let mut failure: Option<Error> = None;
     loop {
@@ -161,12 +161,12 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             }
         }
         let now = Instant::now();
-        if !leases.finished.is_empty() && record_not_before <= now {
+        if !leases.finished.is_empty() && release_not_before <= now {
             if let Some(lane) = idle_lanes.pop() {
                 let batch = std::mem::take(&mut leases.finished);
                 // The done leases and the refill change hands in one
                 // commit, so only the refill counts for them; the other
-                // outcomes hold their leases until they are recorded.
+                // outcomes hold their leases until they are released.
                 // (Counting both made claims that returned meanwhile
                 // overflow the budget and give rows back, which then
                 // waited for the poll.)
@@ -185,12 +185,12 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 };
                 leases.in_flight += counted;
                 let client = &lanes[lane];
-                recording.push(async move {
+                releasing.push(async move {
                     let sent = Instant::now();
-                    let recorded = record(ctx, client, batch, refill).await;
+                    let released = release_finished(ctx, client, batch, refill).await;
                     RecordDone {
                         lane,
-                        recorded,
+                        released,
                         counted,
                         took: sent.elapsed(),
                     }
@@ -214,19 +214,19 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 claiming = Some(claim(ctx, asked, claims.reclaiming));
             }
         }
-        if claiming.is_none() && recording.is_empty() && !claims.open && leases.is_empty() {
+        if claiming.is_none() && releasing.is_empty() && !claims.open && leases.is_empty() {
             return failure.map_or(Ok(()), Err);
         }
         // The next time something is due without an event.
-        let record_due =
-            (!idle_lanes.is_empty() && !leases.finished.is_empty() && record_not_before > now)
-                .then_some(record_not_before);
+        let release_due =
+            (!idle_lanes.is_empty() && !leases.finished.is_empty() && release_not_before > now)
+                .then_some(release_not_before);
         let claim_due = (claiming.is_none()
             && claims.open
             && leases.held() < pace.budget(leases.running.len())
             && claims.not_before > now)
             .then_some(claims.not_before);
-        let due = record_due.into_iter().chain(claim_due).min();
+        let due = release_due.into_iter().chain(claim_due).min();
         tokio::select! {
             biased;
             () = shutdown.cancelled(), if claims.open => {
@@ -243,14 +243,14 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                     stop_claiming(ctx, &mut claims, &mut leases, &mut grace);
                 }
             }
-            Some(done) = recording.next(), if !recording.is_empty() => {
+            Some(done) = releasing.next(), if !releasing.is_empty() => {
                 idle_lanes.push(done.lane);
                 leases.in_flight -= done.counted;
-                if recorded(ctx, &claims, &mut leases, done.recorded) {
-                    record_not_before = Instant::now() + record_backoff.next();
+                if take_released(ctx, &claims, &mut leases, done.released) {
+                    release_not_before = Instant::now() + release_backoff.next();
                 } else {
                     pace.trip_took(done.took);
-                    record_backoff.reset();
+                    release_backoff.reset();
                 }
             }
             Some(done) = leases.running.join_next(), if !leases.running.is_empty() => match done {
@@ -317,11 +317,11 @@ fn claim(
     })
 }
 
-/// Takes in what recording a batch returned: the rows claimed in its
+/// Takes in what releasing a batch returned: the rows claimed in its
 /// statement, and the leases whose release is to be tried again (true if
 /// there are any).
-fn recorded(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, recorded: Recorded) -> bool {
-    let Recorded { retry, claimed } = recorded;
+fn take_released(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, released: Released) -> bool {
+    let Released { retry, claimed } = released;
     ctx.counters.took(&claimed);
     take_up(ctx, claims, leases, claimed);
     let again = !retry.is_empty();

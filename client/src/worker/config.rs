@@ -21,7 +21,7 @@ pub struct WorkerConfig {
     /// Rows claimed ahead of free slots: they wait in claim order, their
     /// leases held and renewed like running ones, and are given back at
     /// once on shutdown. The worker holds at most `concurrency + prefetch`
-    /// leases (finished jobs included until their outcome is recorded).
+    /// leases (finished jobs included until they are released).
     ///
     /// Default `None`: the Worker sizes it as it runs, from how long its
     /// handlers take and how long its database calls take: enough waiting

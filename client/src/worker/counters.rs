@@ -115,7 +115,7 @@ impl Counters {
         }
     }
 
-    pub(super) fn recorded(&self, outcome: &Outcome) {
+    pub(super) fn released(&self, outcome: &Outcome) {
         let m = &self.metrics;
         match outcome {
             Outcome::Done | Outcome::Finished => add(&self.done, &m.done, 1),

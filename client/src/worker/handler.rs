@@ -18,7 +18,7 @@ use crate::lease::Outcome;
 
 /// Runs the handler of one ready row and returns its lease with the
 /// outcome to record. The slot is free once this returns: the lease stays
-/// held (and renewed) until the actor has recorded the outcome.
+/// held (and renewed) until the actor has released it with the outcome.
 pub(super) async fn run_job(ctx: Arc<Ctx>, ready: Ready) -> Held {
     let Ready { mut held, job } = ready;
     let lease = &held.lease;

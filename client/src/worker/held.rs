@@ -1,5 +1,5 @@
-//! A lease the worker holds, from its claim until its outcome is recorded:
-//! [`Held`], which releases the lease if it is dropped unrecorded, and
+//! A lease the worker holds, from its claim until it is released:
+//! [`Held`], which releases the lease if it is dropped before, and
 //! [`register`], which makes the handler's [`Job`] beside it.
 
 use std::sync::{Arc, OnceLock};
@@ -12,7 +12,7 @@ use super::job::{CancelReason, Job};
 use super::{Ctx, Slot};
 use crate::lease::{Claimed, Lease, Outcome};
 
-/// Ownership of one lease until its outcome is recorded. The actor keeps
+/// Ownership of one lease until it is released. The actor keeps
 /// it (waiting, then with the handler, then in a release batch); dropped
 /// while still armed (the worker's future dropped, a task aborted), it
 /// releases the lease with its current outcome (`abandon` until the
@@ -37,8 +37,9 @@ impl Held {
         *self.deadline.borrow()
     }
 
-    /// The release is settled (recorded, refused, or given up).
-    pub(super) fn settle(mut self) {
+    /// The release is over (released, refused, or given up): dropping
+    /// this no longer releases the lease.
+    pub(super) fn disarm(mut self) {
         self.armed = false;
     }
 }
@@ -83,8 +84,8 @@ pub(super) struct Ready {
 }
 
 /// Registers a claimed row for heartbeats from the moment it is claimed
-/// (also while it waits for a slot): the lease is renewed until its
-/// outcome is recorded (`abandon` until a handler answers).
+/// (also while it waits for a slot): the lease is renewed until it is
+/// released (`abandon` until a handler answers).
 pub(super) fn register(ctx: &Arc<Ctx>, claimed: Claimed) -> Ready {
     let Claimed { lease, payload } = claimed;
     let (deadline_tx, deadline) = watch::channel(lease.claim_sent_at + ctx.config.confirmed_for());

@@ -1,10 +1,11 @@
 //! [`Worker`]: a runtime that claims rows of one queue, runs a handler on
-//! each under a heartbeat, and records every outcome with its fencing epoch.
+//! each under a heartbeat, and releases every lease with its outcome and
+//! fencing epoch.
 //!
 //! One file per part: `config` (settings), `job` (what a handler gets), `actor` (the loop
-//! that owns the leases: claims, slots, records), `held` (one lease until its outcome is
-//! recorded), `handler` (one handler's run), `release` (recording a batch), `heartbeat`,
-//! `listen` (wake-ups), `counters` (summary and metrics).
+//! that owns the leases: claims, slots, releases), `held` (one lease until it is
+//! released), `handler` (one handler's run), `release` (releasing a batch of finished
+//! jobs), `heartbeat`, `listen` (wake-ups), `counters` (summary and metrics).
 
 mod actor;
 mod config;
@@ -197,7 +198,7 @@ impl Worker {
             renew_now: Notify::new(),
             hard_stop: CancellationToken::new(),
         });
-        // Heartbeats and wake-ups run until every lease is recorded.
+        // Heartbeats and wake-ups run until every lease is released.
         let background = CancellationToken::new();
         let main = async {
             let result = actor(&ctx, &shutdown).await;

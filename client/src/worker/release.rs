@@ -1,4 +1,4 @@
-//! Recording outcomes: one batch of finished jobs, one `release_batch` per
+//! Releasing finished jobs: one batch of finished jobs, one `release_batch` per
 //! distinct outcome, the done ones in a `release_and_claim` that takes
 //! their leases up again.
 
@@ -10,8 +10,8 @@ use super::Ctx;
 use crate::client::Client;
 use crate::lease::{Claimed, FencingToken, Outcome};
 
-/// What recording a batch came to.
-pub(super) struct Recorded {
+/// What releasing a batch came to.
+pub(super) struct Released {
     /// Leases whose release failed and may be tried again.
     pub(super) retry: Vec<Held>,
     /// Rows claimed in the same statement as the done ones.
@@ -27,12 +27,12 @@ pub(super) struct Recorded {
 /// meanwhile must not keep the slot forever: given up, the lease is no
 /// longer renewed and expires on the server); one the database refuses was
 /// already lost.
-pub(super) async fn record(
+pub(super) async fn release_finished(
     ctx: &Ctx,
     client: &Client,
     batch: Vec<Held>,
     refill: usize,
-) -> Recorded {
+) -> Released {
     let mut groups: Vec<(Outcome, Vec<Held>)> = Vec::new();
     for h in batch {
         match groups.iter_mut().find(|(o, _)| *o == h.outcome) {
@@ -67,18 +67,18 @@ pub(super) async fn record(
     }))
     .await;
 
-    let mut recorded = Recorded {
+    let mut released = Released {
         retry: Vec::new(),
         claimed: Vec::new(),
     };
     let now = Instant::now();
     for (outcome, group, result, claimed) in results {
-        recorded.claimed.extend(claimed);
+        released.claimed.extend(claimed);
         match result {
             Ok(released) => {
                 for (h, ok) in group.into_iter().zip(released) {
                     if ok {
-                        ctx.counters.recorded(&outcome);
+                        ctx.counters.released(&outcome);
                     } else if h.tried {
                         // Retries run before the local deadline, while no
                         // one else can hold the lease: refused now, it was
@@ -89,7 +89,7 @@ pub(super) async fn record(
                             outcome = outcome.as_sql(),
                             "release already carried out by the attempt that went unanswered"
                         );
-                        ctx.counters.recorded(&outcome);
+                        ctx.counters.released(&outcome);
                     } else {
                         tracing::warn!(
                             id = h.lease.id,
@@ -99,7 +99,7 @@ pub(super) async fn record(
                         );
                         ctx.counters.lost();
                     }
-                    h.settle();
+                    h.disarm();
                 }
             }
             Err(e) => {
@@ -111,16 +111,16 @@ pub(super) async fn record(
                         || now.duration_since(failing_since) >= ctx.config.ttl
                     {
                         ctx.counters.unreleased();
-                        h.settle();
+                        h.disarm();
                     } else {
                         // Unanswered, it may have been carried out; a
                         // database error rolled it back.
                         h.tried |= e.is_connection();
-                        recorded.retry.push(h);
+                        released.retry.push(h);
                     }
                 }
             }
         }
     }
-    recorded
+    released
 }
