@@ -145,7 +145,7 @@ $$Guard for a leader's own transaction: succeeds (returning lease_until) only wh
 unexpired hold on NAME, and locks it until the transaction ends so no new holder can be elected before
 the leader's writes commit. Errors: LE001 not held (roll back); 22004 an argument NULL; 22023 name invalid.$$;
 
-CREATE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+CREATE FUNCTION lease.release_named_batch(names text[], owner text, epochs bigint[])
 RETURNS TABLE (name text, released boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -177,8 +177,20 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+COMMENT ON FUNCTION lease.release_named_batch(text[], text, bigint[]) IS
 $$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
 names[i] goes with epochs[i]; returns (name, released) per element in input order.
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
 owner invalid.$$;
+
+-- The batch form's first name, an overload of release_named; kept for one
+-- release so that callers can move at their pace.
+CREATE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT b.name, b.released FROM lease.release_named_batch(names, owner, epochs) b $$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$Deprecated, to be removed in the release after 0.2.0: lease.release_named_batch under its former name (an
+overload of lease.release_named); same arguments, result and errors.$$;

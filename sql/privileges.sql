@@ -56,6 +56,7 @@ GRANT EXECUTE ON FUNCTION
     lease.try_acquire(text, text, interval),
     lease.renew_named(text, text, bigint, interval),
     lease.release_named(text, text, bigint),
+    lease.release_named_batch(text[], text, bigint[]),
     lease.release_named(text[], text, bigint[]),
     lease.fence_named(text, bigint),
     lease.cancel_key(text, text),

@@ -732,7 +732,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+CREATE OR REPLACE FUNCTION lease.release_named_batch(names text[], owner text, epochs bigint[])
 RETURNS TABLE (name text, released boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -764,11 +764,23 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+COMMENT ON FUNCTION lease.release_named_batch(text[], text, bigint[]) IS
 $$lease.release_named for many names of one owner in one statement (a housekeeper unlocking what it holds):
 names[i] goes with epochs[i]; returns (name, released) per element in input order.
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
 owner invalid.$$;
+
+-- The batch form's first name, an overload of release_named; kept for one
+-- release so that callers can move at their pace.
+CREATE OR REPLACE FUNCTION lease.release_named(names text[], owner text, epochs bigint[])
+RETURNS TABLE (name text, released boolean)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT b.name, b.released FROM lease.release_named_batch(names, owner, epochs) b $$;
+
+COMMENT ON FUNCTION lease.release_named(text[], text, bigint[]) IS
+$$Deprecated, to be removed in the release after 0.2.0: lease.release_named_batch under its former name (an
+overload of lease.release_named); same arguments, result and errors.$$;
 
 CREATE OR REPLACE FUNCTION lease._caller() RETURNS name
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -3711,6 +3723,7 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.bind_session(text, text),
+    lease.release_named_batch(text[], text, bigint[]),
     lease.release_named(text[], text, bigint[]),
     lease.cancel_key(text, text),
     lease.ready_channel(text),

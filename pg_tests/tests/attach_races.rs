@@ -199,13 +199,13 @@ async fn cancel_by_key_requeue_and_batch_named_release() {
         &w,
         &format!(
             "SELECT string_agg(name || '=' || released, ',')
-               FROM lease.release_named(ARRAY['lock-1', 'lock-2', 'lock-1'], 'hk', ARRAY[{e1}, {e2}, {e1} - 1])"
+               FROM lease.release_named_batch(ARRAY['lock-1', 'lock-2', 'lock-1'], 'hk', ARRAY[{e1}, {e2}, {e1} - 1])"
         ),
     )
     .await;
     assert_eq!(released, "lock-1=true,lock-2=true,lock-1=false");
     let code = w
-        .batch_execute("SELECT lease.release_named(ARRAY['a'], 'hk', ARRAY[1, 2])")
+        .batch_execute("SELECT lease.release_named_batch(ARRAY['a'], 'hk', ARRAY[1, 2])")
         .await
         .expect_err("lengths differ");
     assert_eq!(sqlstate(&code).as_deref(), Some("22023"));

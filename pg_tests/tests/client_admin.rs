@@ -102,7 +102,7 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
         .expect("l2")
         .expect("held");
     let released = worker
-        .release_named_many("hk", &[("l1", e1), ("l2", e2), ("l1", e1 - 1)])
+        .release_named_batch("hk", &[("l1", e1), ("l2", e2), ("l1", e1 - 1)])
         .await
         .expect("release many");
     assert_eq!(
@@ -113,6 +113,33 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
             ("l1".to_owned(), false)
         ]
     );
+
+    // The batch form's former names still work for one release: the SQL
+    // overload release_named(text[], ...) and the client's
+    // release_named_many.
+    let e3 = worker
+        .try_acquire("l3", "hk", Duration::from_secs(60))
+        .await
+        .expect("l3")
+        .expect("held");
+    #[allow(deprecated)]
+    let released = worker
+        .release_named_many("hk", &[("l3", e3)])
+        .await
+        .expect("the deprecated name");
+    assert_eq!(released, vec![("l3".to_owned(), true)]);
+    let e4 = worker
+        .try_acquire("l4", "hk", Duration::from_secs(60))
+        .await
+        .expect("l4")
+        .expect("held");
+    let via_sql = cluster.psql(
+        TEST_DB,
+        &format!(
+            "SELECT released FROM lease.release_named(ARRAY['l4'], 'hk', ARRAY[{e4}::bigint])"
+        ),
+    );
+    assert_eq!(via_sql.trim(), "t");
 }
 
 /// The Worker's own sessions (heartbeat and listener) show its owner as

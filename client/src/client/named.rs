@@ -68,10 +68,10 @@ impl Client {
         }
     }
 
-    /// `lease.release_named` for many `(name, epoch)` holds of `owner` in
-    /// one statement; returns `(name, released)` per hold, in order
-    /// (`false`: that hold was already lost).
-    pub async fn release_named_many(
+    /// `lease.release_named_batch`: many `(name, epoch)` holds of `owner`
+    /// released in one statement; returns `(name, released)` per hold, in
+    /// order (`false`: that hold was already lost).
+    pub async fn release_named_batch(
         &self,
         owner: &str,
         holds: &[(&str, i64)],
@@ -81,10 +81,20 @@ impl Client {
         let (names, epochs) = (&names, &epochs);
         self.call(|c| async move {
             let rows = c
-                .query(Query::ReleaseNamedMany, &[names, &owner, epochs])
+                .query(Query::ReleaseNamedBatch, &[names, &owner, epochs])
                 .await?;
             rows.iter().map(|r| Ok((col(r, 0)?, col(r, 1)?))).collect()
         })
         .await
+    }
+
+    /// The former name of [`Client::release_named_batch`].
+    #[deprecated(since = "0.2.0", note = "renamed to release_named_batch")]
+    pub async fn release_named_many(
+        &self,
+        owner: &str,
+        holds: &[(&str, i64)],
+    ) -> Result<Vec<(String, bool)>> {
+        self.release_named_batch(owner, holds).await
     }
 }

@@ -49,7 +49,7 @@ queries! {
     Holders,
     CancelKey,
     Requeue,
-    ReleaseNamedMany,
+    ReleaseNamedBatch,
     Grant,
     Revoke,
     DeadLetters,
@@ -255,8 +255,8 @@ impl Query {
             ),
             S::CancelKey => "SELECT lease.cancel_key(queue => $1::text, key => $2::text)",
             S::Requeue => "SELECT lease.requeue(id => $1::bigint)",
-            S::ReleaseNamedMany => concat!(
-                "SELECT name, released FROM lease.release_named(names => $1::text[], owner => $2::text, ",
+            S::ReleaseNamedBatch => concat!(
+                "SELECT name, released FROM lease.release_named_batch(names => $1::text[], owner => $2::text, ",
                 "epochs => $3::bigint[])"
             ),
             S::Grant => concat!(

@@ -57,5 +57,5 @@ SELECT queue, ready, held, leased FROM lease.metrics WHERE queue = 'serial';
 -- Named leases: one holder, epochs that only grow.
 SELECT lease.try_acquire('leader', 'a', '1 minute');
 SELECT lease.try_acquire('leader', 'b', '1 minute');
-SELECT * FROM lease.release_named(ARRAY['leader'], 'a', ARRAY[1099511627776]);
+SELECT * FROM lease.release_named_batch(ARRAY['leader'], 'a', ARRAY[1099511627776]);
 SELECT lease.try_acquire('leader', 'b', '1 minute');
