@@ -269,8 +269,15 @@ impl Browser {
     }
 
     /// Ends the session and chromedriver.
-    pub async fn close(mut self) {
+    pub async fn close(self) {
         let _ = self.client.clone().close().await;
+    }
+}
+
+impl Drop for Browser {
+    /// A test that panics never reaches `close`: chromedriver (and the
+    /// chromium it started) must not outlive it.
+    fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
