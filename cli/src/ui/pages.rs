@@ -79,6 +79,16 @@ fn queue_rows(ui: &Ui, metrics: &[QueueMetrics]) -> Vec<QueueRow> {
         .collect()
 }
 
+/// The metrics of queue `name`: a 404 if there is no such queue (a view
+/// would just show nothing, and a typo must not read as "all clear").
+async fn queue_metrics(ui: &Ui, name: &str) -> Result<QueueMetrics, UiError> {
+    let metrics = ui.client.metrics().await?;
+    metrics
+        .into_iter()
+        .find(|m| m.queue == name)
+        .ok_or_else(|| UiError::NotFound(format!("no queue named {name:?}")))
+}
+
 /// The filters of a queue page.
 #[derive(Debug, Deserialize)]
 pub struct JobsParams {
@@ -104,10 +114,7 @@ pub async fn queue(
             UiError::BadRequest(format!("no state {s:?}: one of {}", STATES.join(", ")))
         })?),
     };
-    let metrics = ui.client.metrics().await?;
-    let Some(m) = metrics.iter().find(|m| m.queue == name) else {
-        return Err(UiError::NotFound(format!("no queue named {name:?}")));
-    };
+    let m = queue_metrics(&ui, &name).await?;
     let filter = JobFilter {
         queue: Some(name.clone()),
         state,
@@ -243,10 +250,7 @@ pub async fn dead(State(ui): Shared, params: Result<Query<DeadParams>, QueryReje
     }
     let queue = Some(params.queue.as_str()).filter(|q| !q.is_empty());
     if let Some(q) = queue {
-        let known = ui.client.metrics().await?;
-        if !known.iter().any(|m| m.queue == q) {
-            return Err(UiError::NotFound(format!("no queue named {q:?}")));
-        }
+        queue_metrics(&ui, q).await?;
     }
     let now = SystemTime::now();
     let rows = ui
