@@ -153,12 +153,19 @@ impl Browser {
         self.client.goto(url).await.expect("goto");
     }
 
-    /// The text of the first element matching `css`.
+    /// The text of the first element matching `css`. Found again if it
+    /// goes stale in between: the queues table is replaced every 5 s.
     pub async fn text(&self, css: &str) -> String {
-        match self.client.find(Locator::Css(css)).await {
-            Ok(element) => element.text().await.expect("text"),
-            Err(e) => panic!("no {css} ({e}) in\n{}", self.source().await),
+        for _ in 0..3 {
+            match self.client.find(Locator::Css(css)).await {
+                Ok(element) => match element.text().await {
+                    Ok(text) => return text,
+                    Err(_) => continue,
+                },
+                Err(e) => panic!("no {css} ({e}) in\n{}", self.source().await),
+            }
         }
+        panic!("{css} went stale three times in a row")
     }
 
     /// How many elements match `css`.
