@@ -35,7 +35,10 @@
 //!   hang budget + ttl + sweep interval + backoff + work time + slack.
 //! * `claim_limit` — no claim leased more rows than its limit.
 //! * `attempts_once_per_claim` — a claim spends one attempt, an expiry none
-//!   (so each expiry costs exactly one attempt), an abandon gives one back.
+//!   (so each expiry costs exactly one attempt), an abandon gives one back:
+//!   the owner's release (same epoch) acknowledging a cancel, or of a row
+//!   its handler never wrote at (a `Worker` gives back rows that waited
+//!   too long for a slot, as after a stall or a slow claim).
 //! * `cancel_never_lost` — a cancelled item ends cancelled (or done, if its
 //!   owner finished it); a cancel-requested row never goes back to pending.
 //! * `no_txn_during_handler` — no worker session sits idle in transaction
@@ -325,6 +328,7 @@ CREATE TABLE fault.history (
     old_state text, new_state text, old_epoch bigint, new_epoch bigint,
     old_owner text, new_owner text, old_attempt int, new_attempt int,
     old_until timestamptz, new_until timestamptz, old_cancel boolean, new_cancel boolean,
+    old_next_at timestamptz, new_next_at timestamptz,
     at timestamptz NOT NULL DEFAULT clock_timestamp(), xid bigint NOT NULL DEFAULT txid_current());
 CREATE INDEX ON fault.history (item, at);
 CREATE INDEX ON fault.history (xid);
@@ -368,9 +372,11 @@ BEGIN
         VALUES (NEW.id, TG_OP, NEW.state, NEW.epoch, NEW.owner, NEW.attempt, NEW.lease_until, NEW.cancel_requested);
     ELSIF TG_OP = 'UPDATE' THEN
         INSERT INTO fault.history (item, tg_op, old_state, new_state, old_epoch, new_epoch, old_owner, new_owner,
-                                   old_attempt, new_attempt, old_until, new_until, old_cancel, new_cancel)
+                                   old_attempt, new_attempt, old_until, new_until, old_cancel, new_cancel,
+                                   old_next_at, new_next_at)
         VALUES (NEW.id, TG_OP, OLD.state, NEW.state, OLD.epoch, NEW.epoch, OLD.owner, NEW.owner,
-                OLD.attempt, NEW.attempt, OLD.lease_until, NEW.lease_until, OLD.cancel_requested, NEW.cancel_requested);
+                OLD.attempt, NEW.attempt, OLD.lease_until, NEW.lease_until, OLD.cancel_requested, NEW.cancel_requested,
+                OLD.next_at, NEW.next_at);
     ELSE
         INSERT INTO fault.history (item, tg_op, old_state, old_epoch, old_owner, old_attempt, old_until, old_cancel)
         VALUES (OLD.id, TG_OP, OLD.state, OLD.epoch, OLD.owner, OLD.attempt, OLD.lease_until, OLD.cancel_requested);
@@ -477,8 +483,17 @@ SELECT NULL::bigint, format('claim by %s at %s asked for %s rows, returned %s, l
 SELECT item, format('item %s at %s: %s -> %s, epoch %s -> %s, attempt %s -> %s (row had attempt %s)',
                     item, at, old_state, new_state, old_epoch, new_epoch, old_attempt, new_attempt, prev_attempt)
   FROM (SELECT h.*, lag(new_attempt) OVER (PARTITION BY item ORDER BY seq) AS prev_attempt,
-               EXISTS (SELECT 1 FROM fault.events e
-                        WHERE e.xid = h.xid AND e.item = h.item AND e.op = 'cancel_ack') AS abandon
+               -- An abandon is the owner's release (the epoch stays; a reap
+               -- moves it on) that keeps the row's place (a retry moves
+               -- next_at), legitimate when it acknowledges a cancel or gives
+               -- back a row its handler never wrote at (the Worker's rows
+               -- that waited too long for a slot).
+               old_state = 'leased' AND new_state IN ('pending', 'cancelled') AND new_epoch = old_epoch
+               AND new_next_at = old_next_at
+               AND (EXISTS (SELECT 1 FROM fault.events e
+                             WHERE e.xid = h.xid AND e.item = h.item AND e.op = 'cancel_ack')
+                    OR NOT EXISTS (SELECT 1 FROM fault.events e
+                                    WHERE e.item = h.item AND e.epoch = h.old_epoch)) AS abandon
           FROM fault.history h) x
  WHERE tg_op = 'UPDATE'
    AND (old_attempt IS DISTINCT FROM prev_attempt
