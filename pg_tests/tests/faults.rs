@@ -75,6 +75,7 @@
 //! With the `Worker` driver (`worker_survives_faults`, seed 42):
 //! * `fence_ignores_epoch` → one_valid_owner 2, stale_ops_change_nothing 1,
 //!   writes_carry_current_epoch 2;
+//! * `reap_spends_attempt` → attempts_once_per_claim 20;
 //! * `Job::transaction` without its `lease.fence` (client/src/transaction.rs
 //!   edited by hand) → one_valid_owner 6, stale_ops_change_nothing 6,
 //!   writes_carry_current_epoch 8: a handler stalled past its ttl wrote as
@@ -549,7 +550,7 @@ async fn apply_break(db: &mut Db, name: &str) {
             "true",
         ),
         "reap_early" => (
-            "lease.reap(integer)",
+            "lease._reap(integer,text)",
             "j.lease_until <= t",
             "j.lease_until <= t + interval '300 milliseconds'",
         ),
@@ -564,12 +565,12 @@ async fn apply_break(db: &mut Db, name: &str) {
             "LIMIT n + 1",
         ),
         "reap_spends_attempt" => (
-            "lease.reap(integer)",
+            "lease._reap(integer,text)",
             "epoch       = greatest(j.epoch + 1, f),",
             "epoch       = greatest(j.epoch + 1, f), attempt = j.attempt + 1,",
         ),
         "reap_forgets_cancel" => (
-            "lease.reap(integer)",
+            "lease._reap(integer,text)",
             "lease.next_state('retry', j.cancel_requested,",
             "lease.next_state('retry', false,",
         ),
