@@ -70,7 +70,7 @@ async fn run(url: &str) -> Result<(), BoxError> {
                     &[&id, &job.attempt_id(), &token.id, &token.epoch],
                 )
                 .await?;
-                Ok(Outcome::Finished)
+                Ok(Outcome::Released)
             }
         });
         let shutdown = CancellationToken::new();

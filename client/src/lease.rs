@@ -197,11 +197,15 @@ pub enum Outcome {
     /// Pending again at once; the attempt is given back (it does not count
     /// towards `max_attempts`).
     Abandon,
-    /// The lease has already ended by the handler's own fenced write: on an
-    /// attached table (`lease.attach`), the write made the row stop
-    /// matching the pending predicate (e.g. `status = 'DELETED'`), which
-    /// finishes the lease in the same transaction. Nothing is sent to the
-    /// database; counted as done.
+    /// The handler released the lease itself, in its own fenced
+    /// transaction: a `lease.release` there, or, on an attached table
+    /// (`lease.attach`), a write that made the row stop matching the
+    /// pending predicate (e.g. `status = 'DELETED'`), which ends the lease
+    /// in the same transaction. Nothing is sent to the database; counted as
+    /// done.
+    Released,
+    /// The name [`Outcome::Released`] had until 0.2.0; the same outcome.
+    #[deprecated(since = "0.2.0", note = "renamed `Outcome::Released`")]
     Finished,
 }
 
@@ -230,14 +234,21 @@ impl Outcome {
     }
 
     /// The outcome's name in SQL: `done`, `retry`, `fail` or `abandon`
-    /// (`done` for [`Outcome::Finished`], which is never sent).
+    /// (`done` for [`Outcome::Released`], which is never sent).
+    #[allow(deprecated)]
     pub fn as_sql(&self) -> &'static str {
         match self {
-            Outcome::Done | Outcome::Finished => "done",
+            Outcome::Done | Outcome::Released | Outcome::Finished => "done",
             Outcome::Retry { .. } => "retry",
             Outcome::Fail { .. } => "fail",
             Outcome::Abandon => "abandon",
         }
+    }
+
+    /// Whether the handler released the lease itself (nothing to send).
+    #[allow(deprecated)]
+    pub(crate) fn is_released(&self) -> bool {
+        matches!(self, Outcome::Released | Outcome::Finished)
     }
 
     pub(crate) fn delay(&self) -> Option<Duration> {
@@ -352,6 +363,11 @@ mod tests {
         assert_eq!(Outcome::retry("x").error(), Some("x"));
         assert_eq!(Outcome::fail("y").as_sql(), "fail");
         assert_eq!(Outcome::Abandon.as_sql(), "abandon");
+        assert_eq!(Outcome::Released.as_sql(), "done");
+        #[allow(deprecated)]
+        let old = Outcome::Finished;
+        assert!(old.is_released() && Outcome::Released.is_released());
+        assert!(!Outcome::Done.is_released());
         assert_eq!(
             Outcome::retry_after(Duration::from_secs(2), "z").delay(),
             Some(Duration::from_secs(2))

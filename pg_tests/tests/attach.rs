@@ -92,7 +92,7 @@ async fn deferred_deletions_are_published_once_and_held_until_the_ack() {
                     let wait = 200 + (key as u64 * 37) % 1000;
                     sleep(Duration::from_millis(wait)).await;
                     delete_under_fence(&domain, key, job.token()).await?;
-                    Ok(Outcome::Finished)
+                    Ok(Outcome::Released)
                 }
             },
         );
@@ -240,7 +240,7 @@ async fn a_replica_that_exits_early_leaves_nothing_stalled() {
                 let key: i64 = job.lease().key().unwrap_or_default().parse()?;
                 assert_eq!(job.lease().attempt(), 1, "the abandoned attempt counted");
                 delete_under_fence(&domain, key, job.token()).await?;
-                Ok(Outcome::Finished)
+                Ok(Outcome::Released)
             }
         },
     ));
@@ -510,7 +510,7 @@ async fn a_restarted_owner_recovers_its_own_items() {
             let token = job.token();
             let key = job.lease().key().unwrap_or_default().to_owned();
             fenced_item_write(&domain, "status = 'validated'", &key, token.id, token.epoch).await?;
-            Ok(Outcome::Finished)
+            Ok(Outcome::Released)
         }
     }));
     // The restarted processor finishes its five items.

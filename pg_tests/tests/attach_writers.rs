@@ -102,7 +102,7 @@ async fn acknowledgements_applied_by_a_consumer_never_deadlock() {
                     // Held until the consumer moves the row on: the lease
                     // then ends and the heartbeat reports it lost.
                     let _ = timeout(Duration::from_secs(30), job.cancelled()).await;
-                    Ok(Outcome::Finished)
+                    Ok(Outcome::Released)
                 }
             },
         ));
@@ -256,7 +256,7 @@ async fn a_batch_processor_under_cancels_shows_every_outcome_in_its_items() {
                     &[&key, &token.id, &token.epoch],
                 )
                 .await?;
-                Ok(Outcome::Finished)
+                Ok(Outcome::Released)
             }
         }));
     }

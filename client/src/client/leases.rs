@@ -135,7 +135,7 @@ impl Client {
         token: FencingToken,
         outcome: &Outcome,
     ) -> Result<bool> {
-        if *outcome == Outcome::Finished {
+        if outcome.is_released() {
             return Ok(true);
         }
         let delay = outcome.delay().map(|d| micros(d, "delay")).transpose()?;
@@ -163,7 +163,7 @@ impl Client {
         tokens: &[FencingToken],
         outcome: &Outcome,
     ) -> Result<Vec<bool>> {
-        if *outcome == Outcome::Finished {
+        if outcome.is_released() {
             return Ok(vec![true; tokens.len()]);
         }
         let delay = outcome.delay().map(|d| micros(d, "delay")).transpose()?;

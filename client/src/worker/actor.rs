@@ -1,11 +1,11 @@
 //! The worker's actor: one loop that owns every lease the worker holds.
 //!
 //! Each lease is in exactly one place: waiting for a slot, with a running
-//! handler, finished and waiting to be released, or inside a database call
+//! handler, its handler returned and waiting to be released, or inside a database call
 //! in flight. The loop claims while the worker may hold more leases
 //! (`concurrency + prefetch`, the prefetch sized by [`Pace`] unless set),
 //! starts waiting rows in claim order as slots
-//! free up, and releases finished jobs, taking the done ones' leases up
+//! free up, and releases the leases whose handlers returned, taking the done ones' leases up
 //! again in the same statement (`release_and_claim`). Heartbeats and
 //! `LISTEN` run beside it on their own connections.
 //!
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::run_job;
 use super::held::{register, Held, Ready};
 use super::pace::Pace;
-use super::release::{release_finished, Released};
+use super::release::{release_held, Released};
 use super::{Ctx, MAX_BATCH};
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -67,7 +67,8 @@ struct Leases {
     waiting: VecDeque<Ready>,
     /// Each with the time its handler took.
     running: JoinSet<(Held, Duration)>,
-    finished: Vec<Held>,
+    /// Handlers returned, or rows given back unstarted.
+    to_release: Vec<Held>,
     /// Leases in a release batch in flight, and rows asked for by calls in
     /// flight.
     in_flight: usize,
@@ -75,7 +76,7 @@ struct Leases {
 
 impl Leases {
     fn held(&self) -> usize {
-        self.waiting.len() + self.running.len() + self.finished.len() + self.in_flight
+        self.waiting.len() + self.running.len() + self.to_release.len() + self.in_flight
     }
 
     fn is_empty(&self) -> bool {
@@ -107,7 +108,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
     let mut leases = Leases {
         waiting: VecDeque::new(),
         running: JoinSet::new(),
-        finished: Vec::new(),
+        to_release: Vec::new(),
         in_flight: 0,
     };
     let mut claims = Claims {
@@ -137,7 +138,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             if pace.overdue(next.held.lease.claim_sent_at) {
                 if let Some(next) = leases.waiting.pop_front() {
                     tracing::debug!(queue = %cfg.queue, id = next.held.lease.id, "waited too long for a slot; given back");
-                    leases.finished.push(next.held);
+                    leases.to_release.push(next.held);
                 }
                 continue;
             }
@@ -149,7 +150,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             };
             if next.job.is_cancelled() {
                 // Lost or cancelled while it waited: nothing to run.
-                leases.finished.push(next.held);
+                leases.to_release.push(next.held);
             } else {
                 let ctx = Arc::clone(ctx);
                 pace.job_started();
@@ -161,9 +162,9 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             }
         }
         let now = Instant::now();
-        if !leases.finished.is_empty() && release_not_before <= now {
+        if !leases.to_release.is_empty() && release_not_before <= now {
             if let Some(lane) = idle_lanes.pop() {
-                let batch = std::mem::take(&mut leases.finished);
+                let batch = std::mem::take(&mut leases.to_release);
                 // The done leases and the refill change hands in one
                 // commit, so only the refill counts for them; the other
                 // outcomes hold their leases until they are released.
@@ -187,7 +188,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
                 let client = &lanes[lane];
                 releasing.push(async move {
                     let sent = Instant::now();
-                    let released = release_finished(ctx, client, batch, refill).await;
+                    let released = release_held(ctx, client, batch, refill).await;
                     RecordDone {
                         lane,
                         released,
@@ -219,7 +220,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
         }
         // The next time something is due without an event.
         let release_due =
-            (!idle_lanes.is_empty() && !leases.finished.is_empty() && release_not_before > now)
+            (!idle_lanes.is_empty() && !leases.to_release.is_empty() && release_not_before > now)
                 .then_some(release_not_before);
         let claim_due = (claiming.is_none()
             && claims.open
@@ -256,7 +257,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             Some(done) = leases.running.join_next(), if !leases.running.is_empty() => match done {
                 Ok((held, took)) => {
                     pace.job_took(took);
-                    leases.finished.push(held);
+                    leases.to_release.push(held);
                 }
                 // Its lease was released when the task's state was dropped.
                 Err(e) => tracing::error!(queue = %cfg.queue, error = %e, "a job task ended abnormally"),
@@ -325,7 +326,7 @@ fn take_released(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, released:
     ctx.counters.took(&claimed);
     take_up(ctx, claims, leases, claimed);
     let again = !retry.is_empty();
-    leases.finished.extend(retry);
+    leases.to_release.extend(retry);
     again
 }
 
@@ -389,7 +390,7 @@ fn take_up(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, rows: Vec<Claim
         if claims.open {
             leases.waiting.push_back(ready);
         } else {
-            leases.finished.push(ready.held);
+            leases.to_release.push(ready.held);
         }
     }
 }
@@ -400,7 +401,7 @@ fn take_up(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, rows: Vec<Claim
 fn stop_claiming(ctx: &Ctx, claims: &mut Claims, leases: &mut Leases, grace: &mut Option<Instant>) {
     claims.open = false;
     leases
-        .finished
+        .to_release
         .extend(leases.waiting.drain(..).map(|ready| ready.held));
     *grace = Some(Instant::now() + ctx.config.grace_period);
 }

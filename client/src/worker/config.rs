@@ -21,7 +21,7 @@ pub struct WorkerConfig {
     /// Rows claimed ahead of free slots: they wait in claim order, their
     /// leases held and renewed like running ones, and are given back at
     /// once on shutdown. The worker holds at most `concurrency + prefetch`
-    /// leases (finished jobs included until they are released).
+    /// leases (those whose handlers returned included until they are released).
     ///
     /// Default `None`: the Worker sizes it as it runs, from how long its
     /// handlers take and how long its database calls take: enough waiting
@@ -29,7 +29,7 @@ pub struct WorkerConfig {
     /// for jobs of microseconds, so that each commit records hundreds of
     /// outcomes; about one per slot for 10 ms jobs), never more than the
     /// slots start within half of `ttl − margin`, and at most 512 leases
-    /// in all; none until its first handlers have finished. `Some(n)`
+    /// in all; none until its first handlers have returned. `Some(n)`
     /// fixes it at `n` (at most 10,000).
     pub prefetch: Option<usize>,
     /// Lease duration asked for on claim and on each renewal. Default 30 s.

@@ -115,10 +115,11 @@ impl Counters {
         }
     }
 
+    #[allow(deprecated)]
     pub(super) fn released(&self, outcome: &Outcome) {
         let m = &self.metrics;
         match outcome {
-            Outcome::Done | Outcome::Finished => add(&self.done, &m.done, 1),
+            Outcome::Done | Outcome::Released | Outcome::Finished => add(&self.done, &m.done, 1),
             Outcome::Retry { .. } => add(&self.retried, &m.retried, 1),
             Outcome::Fail { .. } => add(&self.failed, &m.failed, 1),
             Outcome::Abandon => add(&self.abandoned, &m.abandoned, 1),
@@ -138,9 +139,10 @@ impl Counters {
     }
 
     /// A handler ran for `took` and answered `outcome`.
+    #[allow(deprecated)]
     pub(super) fn handled(&self, outcome: &Outcome, took: Duration) {
         let i = match outcome {
-            Outcome::Done | Outcome::Finished => 0,
+            Outcome::Done | Outcome::Released | Outcome::Finished => 0,
             Outcome::Retry { .. } => 1,
             Outcome::Fail { .. } => 2,
             Outcome::Abandon => 3,

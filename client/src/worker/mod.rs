@@ -4,8 +4,8 @@
 //!
 //! One file per part: `config` (settings), `job` (what a handler gets), `actor` (the loop
 //! that owns the leases: claims, slots, releases), `held` (one lease until it is
-//! released), `handler` (one handler's run), `release` (releasing a batch of finished
-//! jobs), `heartbeat`, `listen` (wake-ups), `counters` (summary and metrics).
+//! released), `handler` (one handler's run), `release` (releasing a batch of held
+//! leases), `heartbeat`, `listen` (wake-ups), `counters` (summary and metrics).
 
 mod actor;
 mod config;
@@ -61,8 +61,8 @@ type HandlerFn = dyn Fn(Job) -> BoxFuture + Send + Sync;
 ///
 /// * **Bounded concurrency.** At most [`WorkerConfig::concurrency`]
 ///   handlers run, and the worker holds at most `concurrency +`
-///   [`prefetch`](WorkerConfig::prefetch) leases (a finished job's counts
-///   until its outcome is recorded). With the default prefetch 0 a claim
+///   [`prefetch`](WorkerConfig::prefetch) leases (a job whose handler returned
+///   counts until its outcome is recorded). With the default prefetch 0 a claim
 ///   asks only for free slots; with more, rows claimed ahead wait in claim
 ///   order, renewed like running ones, and go back at once on shutdown.
 /// * **Wake-ups.** A second connection `LISTEN`s on the queue's channel

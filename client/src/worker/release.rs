@@ -1,4 +1,4 @@
-//! Releasing finished jobs: one batch of finished jobs, one `release_batch` per
+//! Releasing held leases: one batch, one `release_batch` per
 //! distinct outcome, the done ones in a `release_and_claim` that takes
 //! their leases up again.
 
@@ -27,7 +27,7 @@ pub(super) struct Released {
 /// meanwhile must not keep the slot forever: given up, the lease is no
 /// longer renewed and expires on the server); one the database refuses was
 /// already lost.
-pub(super) async fn release_finished(
+pub(super) async fn release_held(
     ctx: &Ctx,
     client: &Client,
     batch: Vec<Held>,

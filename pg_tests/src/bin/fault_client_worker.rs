@@ -5,7 +5,7 @@
 //! what an application would: each step of an item is a fenced write
 //! through [`Job::transaction`], and the completion (event, domain write
 //! and `lease.release`) is one fenced transaction, so the handler answers
-//! [`Outcome::Finished`]. Everything the checker judges (events, stale
+//! [`Outcome::Released`]. Everything the checker judges (events, stale
 //! operations, notes) is written in the same transactions as the fault
 //! suite's own worker writes them, with `at` = the transaction's start
 //! (`now()`, taken before the fence).
@@ -144,7 +144,7 @@ async fn on_cancel(cfg: &Config, job: &Job) -> Outcome {
         Some(CancelReason::CancelRequested) => {
             let release = release_sql(cfg, job, "abandon");
             match write(job, "cancel_ack", &release).await {
-                Ok(()) => Outcome::Finished,
+                Ok(()) => Outcome::Released,
                 Err(_) => Outcome::retry("cancel acknowledgement refused"),
             }
         }
@@ -218,7 +218,7 @@ async fn complete(cfg: &Config, job: &Job) -> HandlerResult {
                 if unknown {
                     note(cfg, "unknown_commit_retried", job).await;
                 }
-                return Ok(Outcome::Finished);
+                return Ok(Outcome::Released);
             }
             Err(Fail::Lost) if !unknown => {
                 note(cfg, "complete_rejected", job).await;
@@ -238,7 +238,7 @@ async fn complete(cfg: &Config, job: &Job) -> HandlerResult {
                     }
                     _ => {
                         note(cfg, "unknown_commit_was_committed", job).await;
-                        Outcome::Finished
+                        Outcome::Released
                     }
                 });
             }
