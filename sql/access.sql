@@ -78,10 +78,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 -- "grant" is a reserved word, so the arguments cannot be qualified by it.
 DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
-    w  constant boolean := lease.checked_not_null(work, 'work');
-    p  constant boolean := lease.checked_not_null(produce, 'produce');
+    qn constant text := lease._checked_queue(queue);
+    r  constant regrole := lease._checked_not_null(role, 'role');
+    w  constant boolean := lease._checked_not_null(work, 'work');
+    p  constant boolean := lease._checked_not_null(produce, 'produce');
 BEGIN
     UPDATE lease.queue q SET restricted = true WHERE q.name = qn AND NOT q.restricted;
     INSERT INTO lease.queue_grant AS g (queue, grantee, work, produce)
@@ -103,8 +103,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
+    qn constant text := lease._checked_queue(queue);
+    r  constant regrole := lease._checked_not_null(role, 'role');
 BEGIN
     DELETE FROM lease.queue_grant g WHERE g.queue = qn AND g.grantee = r;
     RETURN FOUND;

@@ -94,7 +94,7 @@ BEGIN
         PERFORM lease._count_moved(q, st, NULL, 1, 'done');
     END IF;
     IF TG_ARGV[1] = 'start' AND jid IS NOT NULL THEN
-        PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
+        PERFORM lease._count(q, enqueued => 1, pending => 1), lease._wake(q, 1);
     END IF;
     -- A new row, or a pending one that moved up, may be before the head.
     IF jid IS NOT NULL THEN
@@ -345,7 +345,7 @@ BEGIN
         PERFORM lease._count(_attach_register.queue, enqueued => added, pending => added);
     END IF;
     IF cardinality(existing) > 0 THEN
-        PERFORM lease.wake(_attach_register.queue, cardinality(existing));
+        PERFORM lease._wake(_attach_register.queue, cardinality(existing));
     END IF;
 END
 $$;

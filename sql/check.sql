@@ -17,62 +17,62 @@
 -- The rules themselves, as SQL expressions the planner inlines: the hot
 -- paths (claim_pending, renew, release) test them in one IF and call the
 -- raising checks below only when one fails, so each rule is written once.
-CREATE FUNCTION lease.valid_owner(owner text) RETURNS boolean
+CREATE FUNCTION lease._valid_owner(owner text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(owner <> '' AND length(owner) <= 256, false);
 
-COMMENT ON FUNCTION lease.valid_owner(text) IS
+COMMENT ON FUNCTION lease._valid_owner(text) IS
     'Internal: whether owner is 1 to 256 characters long (false for NULL).';
 
 -- Intervals are checked by the time they add, not by interval comparison:
 -- comparison counts a month as 30 days, so '1000 years -359999 days'
 -- compares equal to one day yet adds 5,242 days to a timestamp. A month
 -- part is refused outright, since what it adds depends on the date.
-CREATE FUNCTION lease.valid_ttl(ttl interval) RETURNS boolean
+CREATE FUNCTION lease._valid_ttl(ttl interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(date_part('epoch', ttl) > 0 AND date_part('epoch', ttl) <= 86400
                 AND date_part('year', ttl) = 0 AND date_part('month', ttl) = 0, false);
 
-COMMENT ON FUNCTION lease.valid_ttl(interval) IS
+COMMENT ON FUNCTION lease._valid_ttl(interval) IS
     'Internal: whether ttl adds more than 0 and at most 86400 seconds, with no month part (false for NULL).';
 
-CREATE FUNCTION lease.valid_span(span interval, longest interval) RETURNS boolean
+CREATE FUNCTION lease._valid_span(span interval, longest interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(date_part('epoch', span) >= 0 AND date_part('epoch', span) <= date_part('epoch', longest)
                 AND date_part('year', span) = 0 AND date_part('month', span) = 0, false);
 
-COMMENT ON FUNCTION lease.valid_span(interval, interval) IS
+COMMENT ON FUNCTION lease._valid_span(interval, interval) IS
     'Internal: whether span is finite, without a month part, and between 0 and longest seconds (false for NULL).';
 
-CREATE FUNCTION lease.valid_time(t timestamptz) RETURNS boolean
+CREATE FUNCTION lease._valid_time(t timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN t IS NULL OR isfinite(t);
 
-COMMENT ON FUNCTION lease.valid_time(timestamptz) IS
+COMMENT ON FUNCTION lease._valid_time(timestamptz) IS
     'Internal: whether an optional time is NULL or finite (''infinity'' and ''-infinity'' are not).';
 
-CREATE FUNCTION lease.valid_limit(n integer) RETURNS boolean
+CREATE FUNCTION lease._valid_limit(n integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(n BETWEEN 1 AND 10000, false);
 
-COMMENT ON FUNCTION lease.valid_limit(integer) IS
+COMMENT ON FUNCTION lease._valid_limit(integer) IS
     'Internal: whether 1 <= n <= 10000 (false for NULL).';
 
-CREATE FUNCTION lease.valid_outcome(outcome text) RETURNS boolean
+CREATE FUNCTION lease._valid_outcome(outcome text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(outcome IN ('done', 'retry', 'fail', 'abandon'), false);
 
-COMMENT ON FUNCTION lease.valid_outcome(text) IS
+COMMENT ON FUNCTION lease._valid_outcome(text) IS
     'Internal: whether outcome is done, retry, fail or abandon (false for NULL).';
 
-CREATE FUNCTION lease.checked_owner(owner text) RETURNS text
+CREATE FUNCTION lease._checked_owner(owner text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF owner IS NULL THEN
         RAISE EXCEPTION 'owner must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_owner(owner) THEN
+    IF NOT lease._valid_owner(owner) THEN
         RAISE EXCEPTION 'owner must be 1 to 256 characters long (got %)', length(owner)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -80,17 +80,17 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_owner(text) IS
+COMMENT ON FUNCTION lease._checked_owner(text) IS
     'Internal: returns owner, or raises 22004 if NULL, 22023 if empty or longer than 256 characters.';
 
-CREATE FUNCTION lease.checked_ttl(ttl interval) RETURNS interval
+CREATE FUNCTION lease._checked_ttl(ttl interval) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF ttl IS NULL THEN
         RAISE EXCEPTION 'ttl must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_ttl(ttl) THEN
+    IF NOT lease._valid_ttl(ttl) THEN
         RAISE EXCEPTION 'ttl must be greater than 0 and at most 1 day, without months (got %)', ttl
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Renew long work with lease.renew instead of taking a long lease.';
@@ -99,31 +99,31 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_ttl(interval) IS
+COMMENT ON FUNCTION lease._checked_ttl(interval) IS
     'Internal: returns ttl, or raises 22004 if NULL, 22023 unless it adds more than 0 and at most 1 day (no months).';
 
-CREATE FUNCTION lease.checked_time(t timestamptz, what text) RETURNS timestamptz
+CREATE FUNCTION lease._checked_time(t timestamptz, what text) RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
-    IF NOT lease.valid_time(t) THEN
+    IF NOT lease._valid_time(t) THEN
         RAISE EXCEPTION '% must be a finite time (got %)', what, t USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN t;
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_time(timestamptz, text) IS
+COMMENT ON FUNCTION lease._checked_time(timestamptz, text) IS
     'Internal: returns t, or raises 22023 naming the argument when it is infinity or -infinity.';
 
-CREATE FUNCTION lease.checked_span(span interval, longest interval, what text) RETURNS interval
+CREATE FUNCTION lease._checked_span(span interval, longest interval, what text) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF span IS NULL THEN
         RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_span(span, longest) THEN
+    IF NOT lease._valid_span(span, longest) THEN
         RAISE EXCEPTION '% must be between 0 and %, without months (got %)', what, longest, span
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -131,17 +131,17 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_span(interval, interval, text) IS
+COMMENT ON FUNCTION lease._checked_span(interval, interval, text) IS
     'Internal: returns span, or raises 22004 if NULL, 22023 unless it is finite, has no month part and lies in [0, longest].';
 
-CREATE FUNCTION lease.checked_limit(n integer) RETURNS integer
+CREATE FUNCTION lease._checked_limit(n integer) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF n IS NULL THEN
         RAISE EXCEPTION 'limit must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_limit(n) THEN
+    IF NOT lease._valid_limit(n) THEN
         RAISE EXCEPTION 'limit must be between 1 and 10000 (got %)', n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -149,17 +149,17 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_limit(integer) IS
+COMMENT ON FUNCTION lease._checked_limit(integer) IS
     'Internal: returns n, or raises 22004 if NULL, 22023 unless 1 <= n <= 10000.';
 
-CREATE FUNCTION lease.checked_queue(queue text) RETURNS text
+CREATE FUNCTION lease._checked_queue(queue text) RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT EXISTS (SELECT FROM lease.queue q WHERE q.name = checked_queue.queue) THEN
+    IF NOT EXISTS (SELECT FROM lease.queue q WHERE q.name = _checked_queue.queue) THEN
         RAISE EXCEPTION 'queue "%" does not exist', queue
             USING ERRCODE = 'undefined_object',
                   HINT = 'Create it with lease.create_queue().';
@@ -168,10 +168,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_queue(text) IS
+COMMENT ON FUNCTION lease._checked_queue(text) IS
     'Internal: returns queue, or raises 22004 if NULL, 42704 if no such queue exists.';
 
-CREATE FUNCTION lease.checked_not_null(value anyelement, what text) RETURNS anyelement
+CREATE FUNCTION lease._checked_not_null(value anyelement, what text) RETURNS anyelement
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -182,10 +182,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_not_null(anyelement, text) IS
+COMMENT ON FUNCTION lease._checked_not_null(anyelement, text) IS
     'Internal: returns value, or raises 22004 naming the argument when it is NULL.';
 
-CREATE FUNCTION lease.checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
+CREATE FUNCTION lease._checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -207,17 +207,17 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_same_length(bigint[], bigint[]) IS
+COMMENT ON FUNCTION lease._checked_same_length(bigint[], bigint[]) IS
     'Internal: returns the length of ids, or raises 22004 for NULL arrays/elements, 22023 for unequal lengths or more than 10000 elements.';
 
-CREATE FUNCTION lease.checked_outcome(outcome text) RETURNS text
+CREATE FUNCTION lease._checked_outcome(outcome text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF outcome IS NULL THEN
         RAISE EXCEPTION 'outcome must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_outcome(outcome) THEN
+    IF NOT lease._valid_outcome(outcome) THEN
         RAISE EXCEPTION 'outcome must be one of done, retry, fail, abandon (got "%")', outcome
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -225,10 +225,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_outcome(text) IS
+COMMENT ON FUNCTION lease._checked_outcome(text) IS
     'Internal: returns outcome, or raises 22004 if NULL, 22023 unless done/retry/fail/abandon.';
 
-CREATE FUNCTION lease.checked_name(name text) RETURNS text
+CREATE FUNCTION lease._checked_name(name text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -242,5 +242,5 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_name(text) IS
+COMMENT ON FUNCTION lease._checked_name(text) IS
     'Internal: returns name, or raises 22004 if NULL, 22023 if empty or longer than 128 characters.';

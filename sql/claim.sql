@@ -44,9 +44,9 @@ BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
     -- fails.
-    IF NOT (lease.valid_limit(n) AND lease.valid_ttl(d) AND lease.valid_owner(o) AND q IS NOT NULL) THEN
-        PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
-                lease.checked_not_null(q, 'queue');
+    IF NOT (lease._valid_limit(n) AND lease._valid_ttl(d) AND lease._valid_owner(o) AND q IS NOT NULL) THEN
+        PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
+                lease._checked_not_null(q, 'queue');
     END IF;
     SELECT qu.restricted, qu.head_raised_at, qu.paused INTO restricted, raised, paused
       FROM lease.queue qu WHERE qu.name = q;
@@ -119,7 +119,7 @@ BEGIN
     GET DIAGNOSTICS got = ROW_COUNT;
     IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
-        PERFORM lease.checked_queue(q);
+        PERFORM lease._checked_queue(q);
     ELSE
         -- New leases: the reaper has work here once they may expire, and
         -- their rows count towards waking it for a vacuum.
@@ -161,10 +161,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n constant integer := lease.checked_limit("limit");
-    d constant interval := lease.checked_ttl(ttl);
-    o constant text := lease.checked_owner(owner);
-    q constant text := lease.checked_queue(queue);
+    n constant integer := lease._checked_limit("limit");
+    d constant interval := lease._checked_ttl(ttl);
+    o constant text := lease._checked_owner(owner);
+    q constant text := lease._checked_queue(queue);
     f constant bigint := lease.epoch_floor();
     got bigint;
 BEGIN
@@ -232,7 +232,7 @@ BEGIN
     -- A worker whose handlers finished records them done and fills the
     -- freed slots in one statement and one commit, instead of two.
     IF "limit" IS NULL OR "limit" < 0 THEN
-        PERFORM lease.checked_limit("limit");
+        PERFORM lease._checked_limit("limit");
     END IF;
     RETURN QUERY
     SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz,

@@ -10,8 +10,8 @@ DECLARE
     q lease.queue;
     bytes integer;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
+            lease._checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
     IF jsonb_typeof(patch) <> 'object' THEN
         RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
             USING ERRCODE = 'invalid_parameter_value';
@@ -45,7 +45,7 @@ AS $$
 DECLARE
     until timestamptz;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+    PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
             lease._check_rows(ARRAY[id], '{work}');
     -- Lock order for an attached table's row: the table row first, then
     -- its lease row. Every other writer of the table takes them in that

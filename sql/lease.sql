@@ -23,9 +23,9 @@ DECLARE
     result lease.renewal;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_ttl(d)) THEN
-        PERFORM lease.checked_owner(o), lease.checked_ttl(d),
-                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_ttl(d)) THEN
+        PERFORM lease._checked_owner(o), lease._checked_ttl(d),
+                lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch');
     END IF;
     -- Inline, not a call of lease._check_rows: this runs on every renewal.
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
@@ -57,10 +57,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    o constant text := lease.checked_owner(owner);
-    d constant interval := lease.checked_ttl(ttl);
+    o constant text := lease._checked_owner(owner);
+    d constant interval := lease._checked_ttl(ttl);
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
+    PERFORM lease._checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
     RETURN QUERY
     WITH held AS MATERIALIZED (
         -- A heartbeat locks many rows; waiting for one that another
@@ -126,12 +126,12 @@ DECLARE
     na timestamptz;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
-        PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
-                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_outcome(oc)) THEN
+        PERFORM lease._checked_owner(o), lease._checked_outcome(oc),
+                lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch');
     END IF;
-    IF NOT lease.valid_time(retry_at) THEN
-        PERFORM lease.checked_time(retry_at, 'retry_at');
+    IF NOT lease._valid_time(retry_at) THEN
+        PERFORM lease._checked_time(retry_at, 'retry_at');
     END IF;
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ARRAY[id], '{work}');
@@ -157,15 +157,15 @@ BEGIN
     END IF;
 
     UPDATE lease.job j
-       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+       SET state       = lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+           finished_at = CASE WHEN lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                               THEN clock_timestamp() END,
            attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
            next_at     = CASE WHEN oc = 'retry'
-                              THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                              THEN coalesce(retry_at, clock_timestamp() + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
                               ELSE j.next_at END,
            lease_until = NULL,
-           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
+           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease._stranded_done() END, j.last_error)
       FROM lease.queue q
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
@@ -210,8 +210,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    o  constant text := lease.checked_owner(owner);
-    oc constant text := lease.checked_outcome(outcome);
+    o  constant text := lease._checked_owner(owner);
+    oc constant text := lease._checked_outcome(outcome);
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
     gone_queues text[];
@@ -226,7 +226,7 @@ DECLARE
     keyed boolean := false;
     moved record;
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
+    PERFORM lease._checked_same_length(ids, epochs), lease._checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ids, '{work}');
     END IF;
@@ -263,15 +263,15 @@ BEGIN
     -- would cost the single release, the hot path at batch 1).
     WITH updated AS (
         UPDATE lease.job j
-           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+           SET state       = lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN clock_timestamp() END,
                attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
                next_at     = CASE WHEN oc = 'retry'
-                                  THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                                  THEN coalesce(retry_at, clock_timestamp() + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
                                   ELSE j.next_at END,
                lease_until = NULL,
-               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
+               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease._stranded_done() END, j.last_error)
           FROM lease.queue q
          WHERE j.id = ANY (ids)
            AND (j.epoch = epochs[array_position(ids, j.id)]

@@ -44,9 +44,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
+    nm constant text := lease._checked_name(name);
+    o  constant text := lease._checked_owner(owner);
+    d  constant interval := lease._checked_ttl(ttl);
     f  constant bigint := lease.epoch_floor();
     got bigint;
 BEGIN
@@ -75,12 +75,12 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
+    nm constant text := lease._checked_name(name);
+    o  constant text := lease._checked_owner(owner);
+    d  constant interval := lease._checked_ttl(ttl);
     until timestamptz;
 BEGIN
-    PERFORM lease.checked_not_null(epoch, 'epoch');
+    PERFORM lease._checked_not_null(epoch, 'epoch');
     UPDATE lease.named_lease n
        SET lease_until = clock_timestamp() + d
      WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch
@@ -100,10 +100,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
+    nm constant text := lease._checked_name(name);
+    o  constant text := lease._checked_owner(owner);
 BEGIN
-    PERFORM lease.checked_not_null(epoch, 'epoch');
+    PERFORM lease._checked_not_null(epoch, 'epoch');
     -- Expire rather than delete: the row carries the epoch forward.
     UPDATE lease.named_lease n
        SET lease_until = clock_timestamp()
@@ -122,10 +122,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    nm constant text := lease.checked_name(name);
+    nm constant text := lease._checked_name(name);
     until timestamptz;
 BEGIN
-    PERFORM lease.checked_not_null(epoch, 'epoch');
+    PERFORM lease._checked_not_null(epoch, 'epoch');
     SELECT n.lease_until INTO until
       FROM lease.named_lease n
      WHERE n.name = nm AND n.epoch = fence_named.epoch
@@ -152,7 +152,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    o constant text := lease.checked_owner(owner);
+    o constant text := lease._checked_owner(owner);
 BEGIN
     IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
        OR array_position(epochs, NULL) IS NOT NULL THEN

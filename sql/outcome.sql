@@ -176,12 +176,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     owner constant oid := lease._write_back_owner(invoker);
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
 BEGIN
     RETURN QUERY
     UPDATE lease.write_back w
        SET attempts = w.attempts + 1,
-           next_try_at = clock_timestamp() + lease.backoff(w.attempts + 1, '1 second', '10 minutes')
+           next_try_at = clock_timestamp() + lease._backoff(w.attempts + 1, '1 second', '10 minutes')
      WHERE w.id = ANY (ARRAY(SELECT d.id
                                FROM lease.write_back d
                                JOIN lease.attachment a ON a.queue = d.queue

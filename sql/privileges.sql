@@ -11,8 +11,8 @@
 --                 sweep and the monitoring views.
 --
 -- Both are NOLOGIN group roles: GRANT them to your login roles. PUBLIC gets
--- nothing: no schema usage, no function, no table. Functions whose name
--- starts with "_" and those whose comment says "Internal" are granted to
+-- nothing: no schema usage, no function, no table. Internal functions
+-- (named with a leading "_", commented "Internal") are granted to
 -- nobody, with the exceptions noted below (parts of attach, detach and
 -- apply_write_backs). Roles are cluster-wide and
 -- outlive DROP EXTENSION; creating the extension in a second database

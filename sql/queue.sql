@@ -16,7 +16,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM lease.checked_not_null(name, 'name');
+    PERFORM lease._checked_not_null(name, 'name');
     IF name = '' OR length(name) > 128 THEN
         RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -24,12 +24,12 @@ BEGIN
         RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- By value (see lease.valid_span): what these add to a timestamp must
+    -- By value (see lease._valid_span): what these add to a timestamp must
     -- stay far from overflow, whatever units they were written in.
-    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
-            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
-            lease.checked_span(retention, interval '36500 days', 'retention'),
-            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    PERFORM lease._checked_span(backoff_base, interval '365 days', 'backoff_base'),
+            lease._checked_span(backoff_max, interval '365 days', 'backoff_max'),
+            lease._checked_span(retention, interval '36500 days', 'retention'),
+            lease._checked_span(dead_retention, interval '36500 days', 'dead_retention');
     IF jitter IS NULL OR jitter NOT IN ('full', 'none') THEN
         RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -87,7 +87,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE lease.queue q SET paused = true WHERE q.name = lease.checked_queue(pause.queue) AND NOT q.paused;
+    UPDATE lease.queue q SET paused = true WHERE q.name = lease._checked_queue(pause.queue) AND NOT q.paused;
     RETURN FOUND;
 END
 $$;
@@ -102,7 +102,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE lease.queue q SET paused = false WHERE q.name = lease.checked_queue(resume.queue) AND q.paused;
+    UPDATE lease.queue q SET paused = false WHERE q.name = lease._checked_queue(resume.queue) AND q.paused;
     IF FOUND THEN
         -- Idle workers may have stopped at an empty claim: wake them.
         PERFORM pg_notify(lease._ready_channel(resume.queue), '');
@@ -123,7 +123,7 @@ DECLARE
     q lease.queue;
     removed bigint;
 BEGIN
-    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease.checked_queue(purge_dead.queue);
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease._checked_queue(purge_dead.queue);
     IF q.attached THEN
         -- Its dead rows go when their table rows stop matching; deleting
         -- them now would make those rows claimable again.
@@ -168,7 +168,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM lease.checked_queue(name);
+    PERFORM lease._checked_queue(name);
     -- Lock the queue row first: enqueue's foreign key check waits on it, so no
     -- row can slip in between the check below and the delete.
     IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
@@ -219,7 +219,7 @@ DECLARE
 BEGIN
     SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
     IF NOT FOUND THEN
-        PERFORM lease.checked_queue(queue);
+        PERFORM lease._checked_queue(queue);
     END IF;
     IF q.attached THEN
         -- Its rows are the table's rows that match the predicate; a row
@@ -237,7 +237,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
-    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
+    'Internal: returns queue, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
 
 CREATE FUNCTION lease.enqueue(
     queue    text,
@@ -252,9 +252,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    p  constant jsonb := lease._checked_not_null(payload, 'payload');
     q  constant text := lease._checked_producer_queue(queue, pg_column_size(p));
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
                              THEN lease._checked_concurrency_key(q, concurrency_key) END;
@@ -278,7 +278,7 @@ BEGIN
             ELSE
                 PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), 0, coalesce(r, t), new_id);
                 IF coalesce(r, t) <= t THEN
-                    PERFORM lease.wake(q, 1);
+                    PERFORM lease._wake(q, 1);
                 END IF;
             END IF;
             RETURN new_id;
@@ -332,10 +332,10 @@ AS $$
 -- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    n  constant integer := cardinality(lease._checked_not_null(payloads, 'payloads'));
     q  constant text := lease._checked_producer_queue(queue, (SELECT max(pg_column_size(u.p))
                                                                 FROM unnest(payloads) AS u(p)));
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
     added bigint;
@@ -385,7 +385,7 @@ BEGIN
         -- order: the first id is at or before all of them.
         PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0), 0, coalesce(r, t), ids[1]);
         IF coalesce(r, t) <= t THEN
-            PERFORM lease.wake(q, n);
+            PERFORM lease._wake(q, n);
         END IF;
     END IF;
 
@@ -417,7 +417,7 @@ DECLARE
     ck text;
     was_held boolean;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
+    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
@@ -456,7 +456,7 @@ AS $$
 DECLARE
     target bigint;
 BEGIN
-    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
+    PERFORM lease._checked_queue(queue), lease._checked_not_null(key, 'key');
     SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
     IF target IS NULL THEN
         RETURN NULL;
@@ -481,7 +481,7 @@ DECLARE
     pr integer;
     rk bigint;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id');
+    PERFORM lease._checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
     -- the next claim still issues a greater one.
     UPDATE lease.job j
@@ -498,7 +498,7 @@ BEGIN
     IF ck IS NOT NULL THEN
         PERFORM lease._hold(q, ARRAY[ck]);
     ELSE
-        PERFORM lease._lower_head(q, pr, rk, t, requeue.id), lease.wake(q, 1);
+        PERFORM lease._lower_head(q, pr, rk, t, requeue.id), lease._wake(q, 1);
     END IF;
     RETURN true;
 END

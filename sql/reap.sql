@@ -8,7 +8,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
     r record;
@@ -26,10 +26,10 @@ BEGIN
         -- An expiry is a retry that nobody reported: same accounting as
         -- lease.release(..., 'retry'), and a new epoch fences the old owner.
         UPDATE lease.job j
-           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+           SET state       = lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
-               next_at     = t + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
+               next_at     = t + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
@@ -100,7 +100,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     removed bigint := 0;
     r record;

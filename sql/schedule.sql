@@ -78,8 +78,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    n constant text := lease.checked_not_null(name, 'name');
-    p constant jsonb := lease.checked_not_null(payload, 'payload');
+    n constant text := lease._checked_not_null(name, 'name');
+    p constant jsonb := lease._checked_not_null(payload, 'payload');
     q constant text := lease._checked_producer_queue(queue, pg_column_size(p));
     t constant timestamptz := clock_timestamp();
     first timestamptz;
@@ -92,7 +92,7 @@ BEGIN
     END IF;
     -- The reaper sweeps at a schedule's next occurrence, a few milliseconds
     -- late; a shorter period would leave it no margin.
-    IF every IS NOT NULL AND (lease.checked_span(every, interval '366 days', 'every') < interval '1 second') THEN
+    IF every IS NOT NULL AND (lease._checked_span(every, interval '366 days', 'every') < interval '1 second') THEN
         RAISE EXCEPTION 'every must be at least 1 second (got %)', every USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF missed IS NULL OR missed NOT IN ('skip', 'catch_up') THEN

@@ -76,8 +76,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    q constant text := lease.checked_queue(queue);
-    o constant text := lease.checked_owner(owner);
+    q constant text := lease._checked_queue(queue);
+    o constant text := lease._checked_owner(owner);
     me constant integer := pg_backend_pid();
     started constant timestamptz := (SELECT a.backend_start FROM pg_stat_activity a WHERE a.pid = me);
     prior lease.session;

@@ -58,7 +58,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     r record;
     q text;

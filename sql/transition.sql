@@ -9,7 +9,7 @@
 -- as a whole converted at run time (enum_in is STABLE), which kept this
 -- IMMUTABLE function from being inlined, and every statement calling it ran
 -- the body through the SQL-function executor (pg_tests/tests/sql_inlining.rs).
-CREATE FUNCTION lease.next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
+CREATE FUNCTION lease._next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
                                  attached boolean)
 RETURNS lease.job_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -26,35 +26,35 @@ RETURN CASE
     ELSE 'pending'::lease.job_state
 END;
 
-COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer, boolean) IS
+COMMENT ON FUNCTION lease._next_state(text, boolean, integer, integer, boolean) IS
     'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag, attempts and whether its queue is an attached table''s.';
 
-CREATE FUNCTION lease.stranded_done() RETURNS text
+CREATE FUNCTION lease._stranded_done() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 'released as done while its table row still matches the pending predicate: move the row on (that is the completion), or requeue it';
 
-COMMENT ON FUNCTION lease.stranded_done() IS
+COMMENT ON FUNCTION lease._stranded_done() IS
     'Internal: last_error of an attached row released as done while its domain row still matches.';
 
 -- Exponential backoff after the given attempt: base * 2^(attempt-1), capped.
 -- Computed in seconds (double precision) and capped before it becomes an
 -- interval, so no attempt count can overflow it: with base 30 s, attempt 40
 -- overflowed interval arithmetic (22008) and stopped every sweep.
-CREATE FUNCTION lease.backoff(attempt integer, base interval, cap interval) RETURNS interval
+CREATE FUNCTION lease._backoff(attempt integer, base interval, cap interval) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
-COMMENT ON FUNCTION lease.backoff(integer, interval, interval) IS
+COMMENT ON FUNCTION lease._backoff(integer, interval, interval) IS
     'Internal: delay before the next attempt, base * 2^(attempt-1) capped at cap.';
 
 -- The delay a retry or an expiry actually gets. With 'full' jitter it is
 -- uniform in [0, backoff): rows that failed together (a dependency was
 -- down) come back spread out instead of in lockstep.
-CREATE FUNCTION lease.retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
+CREATE FUNCTION lease._retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
 LANGUAGE sql VOLATILE PARALLEL SAFE
-RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random()
-            ELSE lease.backoff(attempt, base, cap) END;
+RETURN CASE WHEN jitter = 'full' THEN lease._backoff(attempt, base, cap) * random()
+            ELSE lease._backoff(attempt, base, cap) END;
 
-COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
-    'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
+COMMENT ON FUNCTION lease._retry_delay(integer, interval, interval, text) IS
+    'Internal: lease._backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';

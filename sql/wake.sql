@@ -29,7 +29,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM lease._check_access(lease.checked_queue(queue), '{work}');
+    PERFORM lease._check_access(lease._checked_queue(queue), '{work}');
     RETURN lease._ready_channel(queue);
 END
 $$;
@@ -47,13 +47,13 @@ queue; 42501 the queue is restricted and the caller may not work it.$$;
 -- claiming or about to (a worker idles only after a claim that found fewer
 -- rows than it asked for). In the narrow race where that claim's snapshot
 -- missed the row, the worker's poll picks it up.
-CREATE FUNCTION lease.wake(queue text, added integer) RETURNS void
+CREATE FUNCTION lease._wake(queue text, added integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF (SELECT count(*)
           FROM (SELECT FROM lease.job j
-                 WHERE j.queue = wake.queue AND j.state = 'pending' AND NOT j.held
+                 WHERE j.queue = _wake.queue AND j.state = 'pending' AND NOT j.held
                    AND j.next_at <= clock_timestamp()
                  LIMIT added + 1) AS ready) <= added THEN
         PERFORM pg_notify(lease._ready_channel(queue), '');
@@ -61,6 +61,6 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.wake(text, integer) IS
+COMMENT ON FUNCTION lease._wake(text, integer) IS
 $$Internal: sends a NOTIFY on QUEUE's channel (lease.ready_channel) unless QUEUE had ready rows besides the
 ADDED ones the caller just inserted.$$;

@@ -221,6 +221,231 @@ DROP FUNCTION lease.reap(integer);
 DROP FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text);
 DROP VIEW lease.reaper_stats;
 
+-- Internal helpers take the `_` prefix of the internal functions. A
+-- rename keeps each one's identity: callers with SQL-standard bodies
+-- follow it; plpgsql callers are replaced below.
+ALTER FUNCTION lease.valid_owner(text) RENAME TO _valid_owner;
+ALTER FUNCTION lease.valid_ttl(interval) RENAME TO _valid_ttl;
+ALTER FUNCTION lease.valid_limit(integer) RENAME TO _valid_limit;
+ALTER FUNCTION lease.valid_outcome(text) RENAME TO _valid_outcome;
+ALTER FUNCTION lease.checked_owner(text) RENAME TO _checked_owner;
+ALTER FUNCTION lease.checked_ttl(interval) RENAME TO _checked_ttl;
+ALTER FUNCTION lease.checked_limit(integer) RENAME TO _checked_limit;
+ALTER FUNCTION lease.checked_queue(text) RENAME TO _checked_queue;
+ALTER FUNCTION lease.checked_not_null(anyelement, text) RENAME TO _checked_not_null;
+ALTER FUNCTION lease.checked_same_length(bigint[], bigint[]) RENAME TO _checked_same_length;
+ALTER FUNCTION lease.checked_outcome(text) RENAME TO _checked_outcome;
+ALTER FUNCTION lease.checked_name(text) RENAME TO _checked_name;
+ALTER FUNCTION lease.backoff(integer, interval, interval) RENAME TO _backoff;
+ALTER FUNCTION lease.wake(text, integer) RENAME TO _wake;
+
+-- The renamed checks and 0.1.0's plpgsql callers that 0.2.0 does not
+-- otherwise change, as in sql/check.sql and sql/named.sql.
+
+CREATE OR REPLACE FUNCTION lease._checked_owner(owner text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF owner IS NULL THEN
+        RAISE EXCEPTION 'owner must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT lease._valid_owner(owner) THEN
+        RAISE EXCEPTION 'owner must be 1 to 256 characters long (got %)', length(owner)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN owner;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_owner(text) IS
+    'Internal: returns owner, or raises 22004 if NULL, 22023 if empty or longer than 256 characters.';
+
+CREATE OR REPLACE FUNCTION lease._checked_limit(n integer) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF n IS NULL THEN
+        RAISE EXCEPTION 'limit must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT lease._valid_limit(n) THEN
+        RAISE EXCEPTION 'limit must be between 1 and 10000 (got %)', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN n;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_limit(integer) IS
+    'Internal: returns n, or raises 22004 if NULL, 22023 unless 1 <= n <= 10000.';
+
+CREATE OR REPLACE FUNCTION lease._checked_queue(queue text) RETURNS text
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM lease.queue q WHERE q.name = _checked_queue.queue) THEN
+        RAISE EXCEPTION 'queue "%" does not exist', queue
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'Create it with lease.create_queue().';
+    END IF;
+    RETURN queue;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_queue(text) IS
+    'Internal: returns queue, or raises 22004 if NULL, 42704 if no such queue exists.';
+
+CREATE OR REPLACE FUNCTION lease._checked_not_null(value anyelement, what text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN value;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_not_null(anyelement, text) IS
+    'Internal: returns value, or raises 22004 naming the argument when it is NULL.';
+
+CREATE OR REPLACE FUNCTION lease._checked_same_length(ids bigint[], epochs bigint[]) RETURNS integer
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF ids IS NULL OR epochs IS NULL THEN
+        RAISE EXCEPTION 'ids and epochs must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF cardinality(ids) <> cardinality(epochs) THEN
+        RAISE EXCEPTION 'ids has % elements, epochs has %', cardinality(ids), cardinality(epochs)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(ids) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 leases per call (got %)', cardinality(ids)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(ids, NULL) IS NOT NULL OR array_position(epochs, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'ids and epochs must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    RETURN cardinality(ids);
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_same_length(bigint[], bigint[]) IS
+    'Internal: returns the length of ids, or raises 22004 for NULL arrays/elements, 22023 for unequal lengths or more than 10000 elements.';
+
+CREATE OR REPLACE FUNCTION lease._checked_outcome(outcome text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF outcome IS NULL THEN
+        RAISE EXCEPTION 'outcome must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT lease._valid_outcome(outcome) THEN
+        RAISE EXCEPTION 'outcome must be one of done, retry, fail, abandon (got "%")', outcome
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN outcome;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_outcome(text) IS
+    'Internal: returns outcome, or raises 22004 if NULL, 22023 unless done/retry/fail/abandon.';
+
+CREATE OR REPLACE FUNCTION lease._checked_name(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF name IS NULL THEN
+        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF name = '' OR length(name) > 128 THEN
+        RAISE EXCEPTION 'name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN name;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_name(text) IS
+    'Internal: returns name, or raises 22004 if NULL, 22023 if empty or longer than 128 characters.';
+
+CREATE OR REPLACE FUNCTION lease.renew_named(name text, owner text, epoch bigint, ttl interval) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    nm constant text := lease._checked_name(name);
+    o  constant text := lease._checked_owner(owner);
+    d  constant interval := lease._checked_ttl(ttl);
+    until timestamptz;
+BEGIN
+    PERFORM lease._checked_not_null(epoch, 'epoch');
+    UPDATE lease.named_lease n
+       SET lease_until = clock_timestamp() + d
+     WHERE n.name = nm AND n.owner = o AND n.epoch = renew_named.epoch
+       AND n.lease_until > clock_timestamp()
+    RETURNING n.lease_until INTO until;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.renew_named(text, text, bigint, interval) IS
+$$Extends OWNER's hold on NAME at EPOCH to now + TTL and returns the new lease_until; returns NULL (lost:
+expired, released or taken over) and changes nothing otherwise. A holder must step down on NULL.
+Errors: 22004 an argument NULL; 22023 name, owner or ttl invalid.$$;
+
+CREATE OR REPLACE FUNCTION lease.release_named(name text, owner text, epoch bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    nm constant text := lease._checked_name(name);
+    o  constant text := lease._checked_owner(owner);
+BEGIN
+    PERFORM lease._checked_not_null(epoch, 'epoch');
+    -- Expire rather than delete: the row carries the epoch forward.
+    UPDATE lease.named_lease n
+       SET lease_until = clock_timestamp()
+     WHERE n.name = nm AND n.owner = o AND n.epoch = release_named.epoch
+       AND n.lease_until > clock_timestamp();
+    RETURN FOUND;
+END
+$$;
+
+COMMENT ON FUNCTION lease.release_named(text, text, bigint) IS
+$$Gives up OWNER's hold on NAME at EPOCH so another contender can take it at once. Returns false and
+changes nothing if that hold is already lost. Errors: 22004 an argument NULL; 22023 name or owner invalid.$$;
+
+CREATE OR REPLACE FUNCTION lease.fence_named(name text, epoch bigint) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    nm constant text := lease._checked_name(name);
+    until timestamptz;
+BEGIN
+    PERFORM lease._checked_not_null(epoch, 'epoch');
+    SELECT n.lease_until INTO until
+      FROM lease.named_lease n
+     WHERE n.name = nm AND n.epoch = fence_named.epoch
+       AND n.lease_until > clock_timestamp()
+       FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'named lease "%" at epoch % is not held', name, epoch
+            USING ERRCODE = 'LE001',
+                  HINT = 'Roll back: a leader that lost its lease must not write.';
+    END IF;
+    RETURN until;
+END
+$$;
+
+COMMENT ON FUNCTION lease.fence_named(text, bigint) IS
+$$Guard for a leader's own transaction: succeeds (returning lease_until) only while EPOCH is the current,
+unexpired hold on NAME, and locks it until the transaction ends so no new holder can be elected before
+the leader's writes commit. Errors: LE001 not held (roll back); 22004 an argument NULL; 22023 name invalid.$$;
+
 -- Functions and views new or changed in 0.2.0 -----------------------------
 
 -- In Rust (extension/src/predicate.rs, shared.rs, cron.rs, statement.rs).
@@ -426,37 +651,37 @@ $$Internal (lease.sweep): lease._raise_head for each queue whose rows were claim
 metrics counters were last folded, and from the start for each raised head not so checked for a minute;
 returns how many heads it could look at.$$;
 
-CREATE OR REPLACE FUNCTION lease.valid_ttl(ttl interval) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease._valid_ttl(ttl interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(date_part('epoch', ttl) > 0 AND date_part('epoch', ttl) <= 86400
                 AND date_part('year', ttl) = 0 AND date_part('month', ttl) = 0, false);
 
-COMMENT ON FUNCTION lease.valid_ttl(interval) IS
+COMMENT ON FUNCTION lease._valid_ttl(interval) IS
     'Internal: whether ttl adds more than 0 and at most 86400 seconds, with no month part (false for NULL).';
 
-CREATE OR REPLACE FUNCTION lease.valid_span(span interval, longest interval) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease._valid_span(span interval, longest interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(date_part('epoch', span) >= 0 AND date_part('epoch', span) <= date_part('epoch', longest)
                 AND date_part('year', span) = 0 AND date_part('month', span) = 0, false);
 
-COMMENT ON FUNCTION lease.valid_span(interval, interval) IS
+COMMENT ON FUNCTION lease._valid_span(interval, interval) IS
     'Internal: whether span is finite, without a month part, and between 0 and longest seconds (false for NULL).';
 
-CREATE OR REPLACE FUNCTION lease.valid_time(t timestamptz) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease._valid_time(t timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN t IS NULL OR isfinite(t);
 
-COMMENT ON FUNCTION lease.valid_time(timestamptz) IS
+COMMENT ON FUNCTION lease._valid_time(timestamptz) IS
     'Internal: whether an optional time is NULL or finite (''infinity'' and ''-infinity'' are not).';
 
-CREATE OR REPLACE FUNCTION lease.checked_ttl(ttl interval) RETURNS interval
+CREATE OR REPLACE FUNCTION lease._checked_ttl(ttl interval) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF ttl IS NULL THEN
         RAISE EXCEPTION 'ttl must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_ttl(ttl) THEN
+    IF NOT lease._valid_ttl(ttl) THEN
         RAISE EXCEPTION 'ttl must be greater than 0 and at most 1 day, without months (got %)', ttl
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Renew long work with lease.renew instead of taking a long lease.';
@@ -465,31 +690,31 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_ttl(interval) IS
+COMMENT ON FUNCTION lease._checked_ttl(interval) IS
     'Internal: returns ttl, or raises 22004 if NULL, 22023 unless it adds more than 0 and at most 1 day (no months).';
 
-CREATE OR REPLACE FUNCTION lease.checked_time(t timestamptz, what text) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION lease._checked_time(t timestamptz, what text) RETURNS timestamptz
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
-    IF NOT lease.valid_time(t) THEN
+    IF NOT lease._valid_time(t) THEN
         RAISE EXCEPTION '% must be a finite time (got %)', what, t USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN t;
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_time(timestamptz, text) IS
+COMMENT ON FUNCTION lease._checked_time(timestamptz, text) IS
     'Internal: returns t, or raises 22023 naming the argument when it is infinity or -infinity.';
 
-CREATE OR REPLACE FUNCTION lease.checked_span(span interval, longest interval, what text) RETURNS interval
+CREATE OR REPLACE FUNCTION lease._checked_span(span interval, longest interval, what text) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
     IF span IS NULL THEN
         RAISE EXCEPTION '% must not be NULL', what USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF NOT lease.valid_span(span, longest) THEN
+    IF NOT lease._valid_span(span, longest) THEN
         RAISE EXCEPTION '% must be between 0 and %, without months (got %)', what, longest, span
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -497,10 +722,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.checked_span(interval, interval, text) IS
+COMMENT ON FUNCTION lease._checked_span(interval, interval, text) IS
     'Internal: returns span, or raises 22004 if NULL, 22023 unless it is finite, has no month part and lies in [0, longest].';
 
-CREATE OR REPLACE FUNCTION lease.next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
+CREATE OR REPLACE FUNCTION lease._next_state(outcome text, cancel_requested boolean, attempt integer, max_attempts integer,
                                  attached boolean)
 RETURNS lease.job_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -517,28 +742,28 @@ RETURN CASE
     ELSE 'pending'::lease.job_state
 END;
 
-COMMENT ON FUNCTION lease.next_state(text, boolean, integer, integer, boolean) IS
+COMMENT ON FUNCTION lease._next_state(text, boolean, integer, integer, boolean) IS
     'Internal: the state a leased row moves to for outcome done/retry/fail/abandon, given its cancel flag, attempts and whether its queue is an attached table''s.';
 
-CREATE OR REPLACE FUNCTION lease.stranded_done() RETURNS text
+CREATE OR REPLACE FUNCTION lease._stranded_done() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 'released as done while its table row still matches the pending predicate: move the row on (that is the completion), or requeue it';
 
-COMMENT ON FUNCTION lease.stranded_done() IS
+COMMENT ON FUNCTION lease._stranded_done() IS
     'Internal: last_error of an attached row released as done while its domain row still matches.';
 
-CREATE OR REPLACE FUNCTION lease.backoff(attempt integer, base interval, cap interval) RETURNS interval
+CREATE OR REPLACE FUNCTION lease._backoff(attempt integer, base interval, cap interval) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
-CREATE OR REPLACE FUNCTION lease.retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
+CREATE OR REPLACE FUNCTION lease._retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
 LANGUAGE sql VOLATILE PARALLEL SAFE
-RETURN CASE WHEN jitter = 'full' THEN lease.backoff(attempt, base, cap) * random()
-            ELSE lease.backoff(attempt, base, cap) END;
+RETURN CASE WHEN jitter = 'full' THEN lease._backoff(attempt, base, cap) * random()
+            ELSE lease._backoff(attempt, base, cap) END;
 
-COMMENT ON FUNCTION lease.retry_delay(integer, interval, interval, text) IS
-    'Internal: lease.backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
+COMMENT ON FUNCTION lease._retry_delay(integer, interval, interval, text) IS
+    'Internal: lease._backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
 
 
 
@@ -548,7 +773,7 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
     r record;
@@ -566,10 +791,10 @@ BEGIN
         -- An expiry is a retry that nobody reported: same accounting as
         -- lease.release(..., 'retry'), and a new epoch fences the old owner.
         UPDATE lease.job j
-           SET state       = lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+           SET state       = lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
-               next_at     = t + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
+               next_at     = t + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
@@ -640,7 +865,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     removed bigint := 0;
     r record;
@@ -711,9 +936,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    nm constant text := lease.checked_name(name);
-    o  constant text := lease.checked_owner(owner);
-    d  constant interval := lease.checked_ttl(ttl);
+    nm constant text := lease._checked_name(name);
+    o  constant text := lease._checked_owner(owner);
+    d  constant interval := lease._checked_ttl(ttl);
     f  constant bigint := lease.epoch_floor();
     got bigint;
 BEGIN
@@ -739,7 +964,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    o constant text := lease.checked_owner(owner);
+    o constant text := lease._checked_owner(owner);
 BEGIN
     IF names IS NULL OR epochs IS NULL OR array_position(names, NULL) IS NOT NULL
        OR array_position(epochs, NULL) IS NOT NULL THEN
@@ -836,10 +1061,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 -- "grant" is a reserved word, so the arguments cannot be qualified by it.
 DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
-    w  constant boolean := lease.checked_not_null(work, 'work');
-    p  constant boolean := lease.checked_not_null(produce, 'produce');
+    qn constant text := lease._checked_queue(queue);
+    r  constant regrole := lease._checked_not_null(role, 'role');
+    w  constant boolean := lease._checked_not_null(work, 'work');
+    p  constant boolean := lease._checked_not_null(produce, 'produce');
 BEGIN
     UPDATE lease.queue q SET restricted = true WHERE q.name = qn AND NOT q.restricted;
     INSERT INTO lease.queue_grant AS g (queue, grantee, work, produce)
@@ -861,8 +1086,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    qn constant text := lease.checked_queue(queue);
-    r  constant regrole := lease.checked_not_null(role, 'role');
+    qn constant text := lease._checked_queue(queue);
+    r  constant regrole := lease._checked_not_null(role, 'role');
 BEGIN
     DELETE FROM lease.queue_grant g WHERE g.queue = qn AND g.grantee = r;
     RETURN FOUND;
@@ -885,7 +1110,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM lease._check_access(lease.checked_queue(queue), '{work}');
+    PERFORM lease._check_access(lease._checked_queue(queue), '{work}');
     RETURN lease._ready_channel(queue);
 END
 $$;
@@ -905,8 +1130,8 @@ DECLARE
     q lease.queue;
     bytes integer;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
-            lease.checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+    PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
+            lease._checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
     IF jsonb_typeof(patch) <> 'object' THEN
         RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
             USING ERRCODE = 'invalid_parameter_value';
@@ -940,7 +1165,7 @@ AS $$
 DECLARE
     until timestamptz;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch'),
+    PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
             lease._check_rows(ARRAY[id], '{work}');
     -- Lock order for an attached table's row: the table row first, then
     -- its lease row. Every other writer of the table takes them in that
@@ -983,7 +1208,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM lease.checked_queue(name);
+    PERFORM lease._checked_queue(name);
     -- Lock the queue row first: enqueue's foreign key check waits on it, so no
     -- row can slip in between the check below and the delete.
     IF (SELECT q.attached FROM lease.queue q WHERE q.name = drop_queue.name FOR UPDATE) THEN
@@ -1026,7 +1251,7 @@ DECLARE
 BEGIN
     SELECT * INTO q FROM lease.queue qu WHERE qu.name = _checked_producer_queue.queue;
     IF NOT FOUND THEN
-        PERFORM lease.checked_queue(queue);
+        PERFORM lease._checked_queue(queue);
     END IF;
     IF q.attached THEN
         -- Its rows are the table's rows that match the predicate; a row
@@ -1044,7 +1269,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
-    'Internal: returns queue, or raises 22004/42704 as lease.checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
+    'Internal: returns queue, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
 
 
 
@@ -1061,9 +1286,9 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    p  constant jsonb := lease.checked_not_null(payload, 'payload');
+    p  constant jsonb := lease._checked_not_null(payload, 'payload');
     q  constant text := lease._checked_producer_queue(queue, pg_column_size(p));
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
                              THEN lease._checked_concurrency_key(q, concurrency_key) END;
@@ -1087,7 +1312,7 @@ BEGIN
             ELSE
                 PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), 0, coalesce(r, t), new_id);
                 IF coalesce(r, t) <= t THEN
-                    PERFORM lease.wake(q, 1);
+                    PERFORM lease._wake(q, 1);
                 END IF;
             END IF;
             RETURN new_id;
@@ -1141,10 +1366,10 @@ AS $$
 -- ON CONFLICT (queue, key) names columns, not this function's arguments.
 #variable_conflict use_column
 DECLARE
-    n  constant integer := cardinality(lease.checked_not_null(payloads, 'payloads'));
+    n  constant integer := cardinality(lease._checked_not_null(payloads, 'payloads'));
     q  constant text := lease._checked_producer_queue(queue, (SELECT max(pg_column_size(u.p))
                                                                 FROM unnest(payloads) AS u(p)));
-    r  constant timestamptz := lease.checked_time(run_at, 'run_at');
+    r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ids bigint[];
     added bigint;
@@ -1194,7 +1419,7 @@ BEGIN
         -- order: the first id is at or before all of them.
         PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0), 0, coalesce(r, t), ids[1]);
         IF coalesce(r, t) <= t THEN
-            PERFORM lease.wake(q, n);
+            PERFORM lease._wake(q, n);
         END IF;
     END IF;
 
@@ -1226,7 +1451,7 @@ DECLARE
     ck text;
     was_held boolean;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
+    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
@@ -1265,7 +1490,7 @@ AS $$
 DECLARE
     target bigint;
 BEGIN
-    PERFORM lease.checked_queue(queue), lease.checked_not_null(key, 'key');
+    PERFORM lease._checked_queue(queue), lease._checked_not_null(key, 'key');
     SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
     IF target IS NULL THEN
         RETURN NULL;
@@ -1290,7 +1515,7 @@ DECLARE
     pr integer;
     rk bigint;
 BEGIN
-    PERFORM lease.checked_not_null(id, 'id');
+    PERFORM lease._checked_not_null(id, 'id');
     -- A fresh start: attempts from zero, claimable now. The epoch stays, so
     -- the next claim still issues a greater one.
     UPDATE lease.job j
@@ -1307,7 +1532,7 @@ BEGIN
     IF ck IS NOT NULL THEN
         PERFORM lease._hold(q, ARRAY[ck]);
     ELSE
-        PERFORM lease._lower_head(q, pr, rk, t, requeue.id), lease.wake(q, 1);
+        PERFORM lease._lower_head(q, pr, rk, t, requeue.id), lease._wake(q, 1);
     END IF;
     RETURN true;
 END
@@ -1329,9 +1554,9 @@ DECLARE
     result lease.renewal;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_ttl(d)) THEN
-        PERFORM lease.checked_owner(o), lease.checked_ttl(d),
-                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_ttl(d)) THEN
+        PERFORM lease._checked_owner(o), lease._checked_ttl(d),
+                lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch');
     END IF;
     -- Inline, not a call of lease._check_rows: this runs on every renewal.
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
@@ -1363,10 +1588,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    o constant text := lease.checked_owner(owner);
-    d constant interval := lease.checked_ttl(ttl);
+    o constant text := lease._checked_owner(owner);
+    d constant interval := lease._checked_ttl(ttl);
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
+    PERFORM lease._checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
     RETURN QUERY
     WITH held AS MATERIALIZED (
         -- A heartbeat locks many rows; waiting for one that another
@@ -1432,12 +1657,12 @@ DECLARE
     na timestamptz;
 BEGIN
     -- The checks run only when an argument is off (see lease.claim_pending).
-    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease.valid_owner(o) AND lease.valid_outcome(oc)) THEN
-        PERFORM lease.checked_owner(o), lease.checked_outcome(oc),
-                lease.checked_not_null(id, 'id'), lease.checked_not_null(epoch, 'epoch');
+    IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_outcome(oc)) THEN
+        PERFORM lease._checked_owner(o), lease._checked_outcome(oc),
+                lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch');
     END IF;
-    IF NOT lease.valid_time(retry_at) THEN
-        PERFORM lease.checked_time(retry_at, 'retry_at');
+    IF NOT lease._valid_time(retry_at) THEN
+        PERFORM lease._checked_time(retry_at, 'retry_at');
     END IF;
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ARRAY[id], '{work}');
@@ -1463,15 +1688,15 @@ BEGIN
     END IF;
 
     UPDATE lease.job j
-       SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-           finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+       SET state       = lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+           finished_at = CASE WHEN lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                               THEN clock_timestamp() END,
            attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
            next_at     = CASE WHEN oc = 'retry'
-                              THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                              THEN coalesce(retry_at, clock_timestamp() + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
                               ELSE j.next_at END,
            lease_until = NULL,
-           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
+           last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease._stranded_done() END, j.last_error)
       FROM lease.queue q
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
@@ -1516,8 +1741,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    o  constant text := lease.checked_owner(owner);
-    oc constant text := lease.checked_outcome(outcome);
+    o  constant text := lease._checked_owner(owner);
+    oc constant text := lease._checked_outcome(outcome);
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
     gone_queues text[];
@@ -1532,7 +1757,7 @@ DECLARE
     keyed boolean := false;
     moved record;
 BEGIN
-    PERFORM lease.checked_same_length(ids, epochs), lease.checked_time(retry_at, 'retry_at');
+    PERFORM lease._checked_same_length(ids, epochs), lease._checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
         PERFORM lease._check_rows(ids, '{work}');
     END IF;
@@ -1569,15 +1794,15 @@ BEGIN
     -- would cost the single release, the hot path at batch 1).
     WITH updated AS (
         UPDATE lease.job j
-           SET state       = lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
-               finished_at = CASE WHEN lease.next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
+           SET state       = lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
+               finished_at = CASE WHEN lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN clock_timestamp() END,
                attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
                next_at     = CASE WHEN oc = 'retry'
-                                  THEN coalesce(retry_at, clock_timestamp() + lease.retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                                  THEN coalesce(retry_at, clock_timestamp() + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
                                   ELSE j.next_at END,
                lease_until = NULL,
-               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease.stranded_done() END, j.last_error)
+               last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease._stranded_done() END, j.last_error)
           FROM lease.queue q
          WHERE j.id = ANY (ids)
            AND (j.epoch = epochs[array_position(ids, j.id)]
@@ -1669,9 +1894,9 @@ BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
     -- fails.
-    IF NOT (lease.valid_limit(n) AND lease.valid_ttl(d) AND lease.valid_owner(o) AND q IS NOT NULL) THEN
-        PERFORM lease.checked_limit(n), lease.checked_ttl(d), lease.checked_owner(o),
-                lease.checked_not_null(q, 'queue');
+    IF NOT (lease._valid_limit(n) AND lease._valid_ttl(d) AND lease._valid_owner(o) AND q IS NOT NULL) THEN
+        PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
+                lease._checked_not_null(q, 'queue');
     END IF;
     SELECT qu.restricted, qu.head_raised_at, qu.paused INTO restricted, raised, paused
       FROM lease.queue qu WHERE qu.name = q;
@@ -1744,7 +1969,7 @@ BEGIN
     GET DIAGNOSTICS got = ROW_COUNT;
     IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
-        PERFORM lease.checked_queue(q);
+        PERFORM lease._checked_queue(q);
     ELSE
         -- New leases: the reaper has work here once they may expire, and
         -- their rows count towards waking it for a vacuum.
@@ -1786,10 +2011,10 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    n constant integer := lease.checked_limit("limit");
-    d constant interval := lease.checked_ttl(ttl);
-    o constant text := lease.checked_owner(owner);
-    q constant text := lease.checked_queue(queue);
+    n constant integer := lease._checked_limit("limit");
+    d constant interval := lease._checked_ttl(ttl);
+    o constant text := lease._checked_owner(owner);
+    q constant text := lease._checked_queue(queue);
     f constant bigint := lease.epoch_floor();
     got bigint;
 BEGIN
@@ -1920,7 +2145,7 @@ BEGIN
         PERFORM lease._count_moved(q, st, NULL, 1, 'done');
     END IF;
     IF TG_ARGV[1] = 'start' AND jid IS NOT NULL THEN
-        PERFORM lease._count(q, enqueued => 1, pending => 1), lease.wake(q, 1);
+        PERFORM lease._count(q, enqueued => 1, pending => 1), lease._wake(q, 1);
     END IF;
     -- A new row, or a pending one that moved up, may be before the head.
     IF jid IS NOT NULL THEN
@@ -2171,7 +2396,7 @@ BEGIN
         PERFORM lease._count(_attach_register.queue, enqueued => added, pending => added);
     END IF;
     IF cardinality(existing) > 0 THEN
-        PERFORM lease.wake(_attach_register.queue, cardinality(existing));
+        PERFORM lease._wake(_attach_register.queue, cardinality(existing));
     END IF;
 END
 $$;
@@ -2405,12 +2630,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     owner constant oid := lease._write_back_owner(invoker);
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
 BEGIN
     RETURN QUERY
     UPDATE lease.write_back w
        SET attempts = w.attempts + 1,
-           next_try_at = clock_timestamp() + lease.backoff(w.attempts + 1, '1 second', '10 minutes')
+           next_try_at = clock_timestamp() + lease._backoff(w.attempts + 1, '1 second', '10 minutes')
      WHERE w.id = ANY (ARRAY(SELECT d.id
                                FROM lease.write_back d
                                JOIN lease.attachment a ON a.queue = d.queue
@@ -2643,8 +2868,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    n constant text := lease.checked_not_null(name, 'name');
-    p constant jsonb := lease.checked_not_null(payload, 'payload');
+    n constant text := lease._checked_not_null(name, 'name');
+    p constant jsonb := lease._checked_not_null(payload, 'payload');
     q constant text := lease._checked_producer_queue(queue, pg_column_size(p));
     t constant timestamptz := clock_timestamp();
     first timestamptz;
@@ -2657,7 +2882,7 @@ BEGIN
     END IF;
     -- The reaper sweeps at a schedule's next occurrence, a few milliseconds
     -- late; a shorter period would leave it no margin.
-    IF every IS NOT NULL AND (lease.checked_span(every, interval '366 days', 'every') < interval '1 second') THEN
+    IF every IS NOT NULL AND (lease._checked_span(every, interval '366 days', 'every') < interval '1 second') THEN
         RAISE EXCEPTION 'every must be at least 1 second (got %)', every USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF missed IS NULL OR missed NOT IN ('skip', 'catch_up') THEN
@@ -2826,8 +3051,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    q constant text := lease.checked_queue(queue);
-    o constant text := lease.checked_owner(owner);
+    q constant text := lease._checked_queue(queue);
+    o constant text := lease._checked_owner(owner);
     me constant integer := pg_backend_pid();
     started constant timestamptz := (SELECT a.backend_start FROM pg_stat_activity a WHERE a.pid = me);
     prior lease.session;
@@ -2900,7 +3125,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    n constant integer := lease.checked_limit(max_rows);
+    n constant integer := lease._checked_limit(max_rows);
     t constant timestamptz := clock_timestamp();
     r record;
     q text;
@@ -3057,7 +3282,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM lease.checked_not_null(name, 'name');
+    PERFORM lease._checked_not_null(name, 'name');
     IF name = '' OR length(name) > 128 THEN
         RAISE EXCEPTION 'queue name must be 1 to 128 characters long' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -3065,12 +3290,12 @@ BEGIN
         RAISE EXCEPTION 'max_attempts must be between 1 and 1000000 (got %)', max_attempts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- By value (see lease.valid_span): what these add to a timestamp must
+    -- By value (see lease._valid_span): what these add to a timestamp must
     -- stay far from overflow, whatever units they were written in.
-    PERFORM lease.checked_span(backoff_base, interval '365 days', 'backoff_base'),
-            lease.checked_span(backoff_max, interval '365 days', 'backoff_max'),
-            lease.checked_span(retention, interval '36500 days', 'retention'),
-            lease.checked_span(dead_retention, interval '36500 days', 'dead_retention');
+    PERFORM lease._checked_span(backoff_base, interval '365 days', 'backoff_base'),
+            lease._checked_span(backoff_max, interval '365 days', 'backoff_max'),
+            lease._checked_span(retention, interval '36500 days', 'retention'),
+            lease._checked_span(dead_retention, interval '36500 days', 'dead_retention');
     IF jitter IS NULL OR jitter NOT IN ('full', 'none') THEN
         RAISE EXCEPTION 'jitter must be full or none (got %)', coalesce(jitter, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -3128,7 +3353,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE lease.queue q SET paused = true WHERE q.name = lease.checked_queue(pause.queue) AND NOT q.paused;
+    UPDATE lease.queue q SET paused = true WHERE q.name = lease._checked_queue(pause.queue) AND NOT q.paused;
     RETURN FOUND;
 END
 $$;
@@ -3143,7 +3368,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE lease.queue q SET paused = false WHERE q.name = lease.checked_queue(resume.queue) AND q.paused;
+    UPDATE lease.queue q SET paused = false WHERE q.name = lease._checked_queue(resume.queue) AND q.paused;
     IF FOUND THEN
         -- Idle workers may have stopped at an empty claim: wake them.
         PERFORM pg_notify(lease._ready_channel(resume.queue), '');
@@ -3164,7 +3389,7 @@ DECLARE
     q lease.queue;
     removed bigint;
 BEGIN
-    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease.checked_queue(purge_dead.queue);
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease._checked_queue(purge_dead.queue);
     IF q.attached THEN
         -- Its dead rows go when their table rows stop matching; deleting
         -- them now would make those rows claimable again.
@@ -3205,7 +3430,7 @@ BEGIN
     -- A worker whose handlers finished records them done and fills the
     -- freed slots in one statement and one commit, instead of two.
     IF "limit" IS NULL OR "limit" < 0 THEN
-        PERFORM lease.checked_limit("limit");
+        PERFORM lease._checked_limit("limit");
     END IF;
     RETURN QUERY
     SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz,
@@ -3525,7 +3750,7 @@ BEGIN
     IF admitted > 0 THEN
         -- An admitted row keeps the place it was enqueued at, which may be
         -- before the queue's head.
-        PERFORM lease._lower_heads(ids), lease.wake(queue, admitted);
+        PERFORM lease._lower_heads(ids), lease._wake(queue, admitted);
     END IF;
     RETURN admitted;
 END
@@ -3665,13 +3890,13 @@ COMMENT ON VIEW lease.write_backs IS
 $$on_dead/on_cancel write-backs recorded and not yet applied to their table rows (lease.apply_write_backs): the
 row's key, the outcome, attempts so far, when the next is due and the last one's error.$$;
 
-CREATE OR REPLACE FUNCTION lease.wake(queue text, added integer) RETURNS void
+CREATE OR REPLACE FUNCTION lease._wake(queue text, added integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF (SELECT count(*)
           FROM (SELECT FROM lease.job j
-                 WHERE j.queue = wake.queue AND j.state = 'pending' AND NOT j.held
+                 WHERE j.queue = _wake.queue AND j.state = 'pending' AND NOT j.held
                    AND j.next_at <= clock_timestamp()
                  LIMIT added + 1) AS ready) <= added THEN
         PERFORM pg_notify(lease._ready_channel(queue), '');
@@ -3679,7 +3904,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.wake(text, integer) IS
+COMMENT ON FUNCTION lease._wake(text, integer) IS
 $$Internal: sends a NOTIFY on QUEUE's channel (lease.ready_channel) unless QUEUE had ready rows besides the
 ADDED ones the caller just inserted.$$;
 

@@ -571,8 +571,8 @@ async fn apply_break(db: &mut Db, name: &str) {
         ),
         "reap_forgets_cancel" => (
             "lease._reap(integer,text)",
-            "lease.next_state('retry', j.cancel_requested,",
-            "lease.next_state('retry', false,",
+            "lease._next_state('retry', j.cancel_requested,",
+            "lease._next_state('retry', false,",
         ),
         "fenced_update_ignores_epoch" => (
             "lease.fenced_update(bigint,bigint,jsonb)",

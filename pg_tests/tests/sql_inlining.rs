@@ -9,7 +9,7 @@
 //! 15, twice in every `release` that updates its row (docs/archive/
 //! performance-history.md, "Completions").
 //!
-//! Failed before this change: `lease.next_state` cast its CASE of text
+//! Failed before this change: `lease._next_state` cast its CASE of text
 //! literals to `lease.job_state` as a whole, a run-time text-to-enum
 //! conversion (`enum_in` is STABLE), so it was never inlined.
 
@@ -36,8 +36,8 @@ async fn every_immutable_sql_function_is_inlined() {
     assert!(
         functions
             .iter()
-            .any(|f| f.get::<_, String>(0) == "next_state"),
-        "lease.next_state is among them"
+            .any(|f| f.get::<_, String>(0) == "_next_state"),
+        "lease._next_state is among them"
     );
     pg.batch_execute("SET plan_cache_mode = force_generic_plan")
         .await
