@@ -415,3 +415,47 @@ async fn bad_input_no_grant_and_no_server_are_told_apart() {
         .expect_err("nothing listens");
     assert!(err.is_connection(), "{err:?}");
 }
+
+/// Each claim reports how long its row had been claimable, by the database
+/// clock alone (`Lease::waited`, the Worker's `pg_lease_claim_wait_seconds`):
+/// from its `run_at` for a delayed row, from its enqueue otherwise. New with
+/// `eligible_at` (claims did not say when a row became claimable).
+#[tokio::test]
+async fn claims_report_how_long_rows_waited() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    client
+        .enqueue("default", &json!({"n": 1}))
+        .await
+        .expect("now");
+    let delayed = EnqueueOptions {
+        delay: Some(Duration::from_millis(300)),
+        ..EnqueueOptions::default()
+    };
+    client
+        .enqueue_with("default", &json!({"n": 2}), &delayed)
+        .await
+        .expect("delayed");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let claimed = client
+        .claim(2, Duration::from_secs(60), "w", "default")
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    let waited = |n: i64| {
+        let c = claimed
+            .iter()
+            .find(|c| c.payload["n"] == n)
+            .expect("the row");
+        assert!(c.lease.eligible_at() <= c.lease.lease_until());
+        c.lease.waited()
+    };
+    let (now, later) = (waited(1), waited(2));
+    assert!(now >= Duration::from_millis(600), "{now:?}");
+    assert!(now < Duration::from_secs(10), "{now:?}");
+    assert!(later >= Duration::from_millis(250), "{later:?}");
+    assert!(
+        later + Duration::from_millis(250) <= now,
+        "{later:?} vs {now:?}"
+    );
+}

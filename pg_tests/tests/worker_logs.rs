@@ -1,6 +1,7 @@
 //! The Worker tells what it does through `tracing`: errors it handles and
 //! does not return (a failed heartbeat, a handler error) are logged, never
-//! dropped, with the job's fields on its span.
+//! dropped, with the job's fields on its span. And its sessions say whose
+//! they are in `pg_stat_activity`.
 //!
 //! Failed before the fix, when the client logged nothing at all.
 
@@ -96,4 +97,40 @@ async fn handled_errors_are_logged_with_the_jobs_fields() {
         failure.contains("job{") && failure.contains("queue=q") && failure.contains("attempt=1"),
         "the job's span fields: {failure}"
     );
+}
+
+/// The Worker's own sessions (heartbeat and listener) show its owner as
+/// `application_name`, so operators can tell replicas apart in
+/// pg_stat_activity. Before the fix they carried none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_sessions_carry_its_owner() {
+    let cluster = Cluster::start();
+    let client = pg_tests::jobs::client(&cluster).await;
+    let mut config = WorkerConfig::new("default").with_ttl(Duration::from_secs(3));
+    config.owner = "replica-7".into();
+    config.poll_interval = Duration::from_millis(100);
+    // One job that runs long enough for a heartbeat.
+    client
+        .enqueue("default", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
+    let worker = Worker::new(client, config, |job| async move {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(3)) => {}
+            () = job.cancelled() => {}
+        }
+        Ok(Outcome::Done)
+    });
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(worker.run(shutdown.clone()));
+    let watch = cluster.connect().await;
+    // The listener connects at start, the heartbeat at its first tick.
+    pg_tests::eventually(
+        &watch,
+        "SELECT count(*) >= 2 FROM pg_stat_activity WHERE application_name = 'replica-7'",
+        Duration::from_secs(5),
+    )
+    .await;
+    shutdown.cancel();
+    run.await.expect("task").expect("run");
 }

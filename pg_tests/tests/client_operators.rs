@@ -142,44 +142,6 @@ async fn grants_keys_requeue_and_named_batches_through_the_client() {
     assert_eq!(via_sql.trim(), "t");
 }
 
-/// The Worker's own sessions (heartbeat and listener) show its owner as
-/// `application_name`, so operators can tell replicas apart in
-/// pg_stat_activity. Before the fix they carried none.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_workers_sessions_carry_its_owner() {
-    use pg_lease_client::{CancellationToken, Worker, WorkerConfig};
-
-    let cluster = Cluster::start();
-    let client = pg_tests::jobs::client(&cluster).await;
-    let mut config = WorkerConfig::new("default").with_ttl(Duration::from_secs(3));
-    config.owner = "replica-7".into();
-    config.poll_interval = Duration::from_millis(100);
-    // One job that runs long enough for a heartbeat.
-    client
-        .enqueue("default", &json!({}))
-        .await
-        .expect("enqueue");
-    let worker = Worker::new(client, config, |job| async move {
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(3)) => {}
-            () = job.cancelled() => {}
-        }
-        Ok(Outcome::Done)
-    });
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(worker.run(shutdown.clone()));
-    let watch = cluster.connect().await;
-    // The listener connects at start, the heartbeat at its first tick.
-    pg_tests::eventually(
-        &watch,
-        "SELECT count(*) >= 2 FROM pg_stat_activity WHERE application_name = 'replica-7'",
-        Duration::from_secs(5),
-    )
-    .await;
-    shutdown.cancel();
-    run.await.expect("task").expect("run");
-}
-
 /// A `lease_admin` reads every monitoring view it is granted, through SQL
 /// and through the client. Failed before the fix: `lease.reaper_stats`
 /// calls two shared-memory readers (`_reaper_slot_shortages`,
@@ -224,54 +186,6 @@ async fn an_admin_reads_every_monitoring_view() {
     let metrics = admin.metrics().await.expect("metrics as lease_admin");
     let q = metrics.iter().find(|m| m.queue == "q").expect("queue q");
     assert_eq!((q.ready, q.delayed), (1, 1), "{q:?}");
-}
-
-/// Each claim reports how long its row had been claimable, by the database
-/// clock alone (`Lease::waited`, the Worker's `pg_lease_claim_wait_seconds`):
-/// from its `run_at` for a delayed row, from its enqueue otherwise. New with
-/// `eligible_at` (claims did not say when a row became claimable).
-#[tokio::test]
-async fn claims_report_how_long_rows_waited() {
-    use pg_lease_client::EnqueueOptions;
-
-    let cluster = Cluster::start();
-    let client = Client::connect(&conn(&cluster, "postgres"))
-        .await
-        .expect("client");
-    client
-        .enqueue("default", &json!({"n": 1}))
-        .await
-        .expect("now");
-    let delayed = EnqueueOptions {
-        delay: Some(Duration::from_millis(300)),
-        ..EnqueueOptions::default()
-    };
-    client
-        .enqueue_with("default", &json!({"n": 2}), &delayed)
-        .await
-        .expect("delayed");
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let claimed = client
-        .claim(2, Duration::from_secs(60), "w", "default")
-        .await
-        .expect("claim");
-    assert_eq!(claimed.len(), 2);
-    let waited = |n: i64| {
-        let c = claimed
-            .iter()
-            .find(|c| c.payload["n"] == n)
-            .expect("the row");
-        assert!(c.lease.eligible_at() <= c.lease.lease_until());
-        c.lease.waited()
-    };
-    let (now, later) = (waited(1), waited(2));
-    assert!(now >= Duration::from_millis(600), "{now:?}");
-    assert!(now < Duration::from_secs(10), "{now:?}");
-    assert!(later >= Duration::from_millis(250), "{later:?}");
-    assert!(
-        later + Duration::from_millis(250) <= now,
-        "{later:?} vs {now:?}"
-    );
 }
 
 /// `Client::jobs` pages by id (each page starts after the last id of the
