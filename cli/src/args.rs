@@ -161,6 +161,12 @@ pub enum Command {
         /// grants allow).
         #[arg(long)]
         allow_actions: bool,
+        /// Also answer to this host name, as when a reverse proxy or an
+        /// internal DNS name serves the dashboard (repeatable). IP
+        /// addresses and localhost are always answered; other names are
+        /// refused, against DNS rebinding.
+        #[arg(long = "allow-host", value_name = "NAME", value_parser = crate::ui::host_name)]
+        allow_hosts: Vec<String>,
     },
 }
 

@@ -73,11 +73,13 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
             if let Command::Ui {
                 listen,
                 allow_actions,
+                allow_hosts,
             } = command
             {
                 let options = ui::Options {
                     listen,
                     allow_actions,
+                    allow_hosts,
                 };
                 return ui::serve(client, target.shown, options).await;
             }

@@ -399,6 +399,20 @@ async fn bad_input_a_foreign_host_and_a_database_that_goes_away() {
     // DNS rebinding: a page of another name pointed at this address.
     assert_eq!(ui.status_with_host("/", "evil.example:8420"), 403);
     assert_eq!(ui.status_with_host("/", "localhost"), 200);
+    // Behind a reverse proxy: its name is answered when given, and only
+    // then, exactly. (Failed before --allow-host existed: the option was
+    // refused, and a proxied dashboard answered 403 to every request.)
+    let proxied = Dashboard::start(
+        &cluster.conn_string(TEST_DB),
+        &["--allow-host", "Dash.Internal"],
+    );
+    assert_eq!(proxied.status_with_host("/", "dash.internal:443"), 200);
+    assert_eq!(
+        proxied.status_with_host("/", "dash.internal.evil.example"),
+        403
+    );
+    assert_eq!(ui.status_with_host("/", "dash.internal"), 403);
+    drop(proxied);
 
     // The database goes away: a page that says so, then recovery.
     cluster.crash();

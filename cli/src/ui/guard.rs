@@ -1,18 +1,19 @@
 //! What every request passes before and after its handler.
 //!
-//! * The Host header must be an IP address or `localhost`: a page of
-//!   another site whose name was made to resolve to this address (DNS
-//!   rebinding) would otherwise read the dashboard as same-origin, tokens
-//!   included.
+//! * The Host header must be an IP address, `localhost`, or a name given
+//!   with `--allow-host` (a reverse proxy's): a page of another site whose
+//!   name was made to resolve to this address (DNS rebinding) would
+//!   otherwise read the dashboard as same-origin, tokens included.
 //! * Forms carry a token drawn at start; a page of another site cannot
 //!   read it, so it cannot post an action in the operator's browser.
 //! * Answers forbid framing, inline scripts and caching, and say how long
 //!   the server took (`Server-Timing`, read by `bin/bench`).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::header::{HeaderName, HeaderValue, CACHE_CONTROL, HOST};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -31,17 +32,19 @@ const HEADERS: &[(&str, &str)] = &[
     ("referrer-policy", "no-referrer"),
 ];
 
-/// The middleware: checks the host, then adds the headers.
-pub async fn check(request: Request, next: Next) -> Response {
+/// The middleware: checks the host against the local names and `hosts`
+/// (the `--allow-host` names, lower case), then adds the headers.
+pub async fn check(State(hosts): State<Arc<[String]>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let host = request
         .headers()
         .get(HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("");
-    if !local_name(host) {
+    if !allowed(host, &hosts) {
         return UiError::Forbidden(format!(
-            "this dashboard answers to IP addresses and localhost, not to {host:?}"
+            "this dashboard answers to IP addresses, localhost and the names given with \
+             --allow-host, not to {host:?}"
         ))
         .into_response();
     }
@@ -61,16 +64,40 @@ pub async fn check(request: Request, next: Next) -> Response {
     response
 }
 
-/// True for `localhost` and IP literals, with or without a port.
-fn local_name(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(v6) => match v6.split_once(']') {
-            Some((address, _)) => address,
-            None => return false,
-        },
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok()
+/// The name of a Host header without its port; `None` if malformed.
+fn name_of(host: &str) -> Option<&str> {
+    match host.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map(|(address, _)| address),
+        None => Some(host.rsplit_once(':').map_or(host, |(name, _)| name)),
+    }
+}
+
+/// True for `localhost`, IP literals and the names in `hosts`, with or
+/// without a port.
+fn allowed(host: &str, hosts: &[String]) -> bool {
+    name_of(host).is_some_and(|name| {
+        name.eq_ignore_ascii_case("localhost")
+            || name.parse::<IpAddr>().is_ok()
+            || hosts.iter().any(|h| name.eq_ignore_ascii_case(h))
+    })
+}
+
+/// A `--allow-host` value: a DNS name (letters, digits, `-` and `.`, at
+/// most 253 characters), in lower case.
+pub fn host_name(value: &str) -> Result<String, String> {
+    let labels_ok = value.split('.').all(|label| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    });
+    if value.is_empty() || value.len() > 253 || !labels_ok {
+        return Err(format!(
+            "{value:?} is not a host name (letters, digits, '-' and '.'; no port, no wildcard)"
+        ));
+    }
+    Ok(value.to_ascii_lowercase())
 }
 
 /// A fresh token: 128 bits from the kernel, as hex.
@@ -93,6 +120,25 @@ pub fn same_token(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn local_name(host: &str) -> bool {
+        allowed(host, &[])
+    }
+
+    #[test]
+    fn allowed_hosts_are_named_exactly() {
+        let hosts = ["dash.internal".to_owned()];
+        for ok in ["dash.internal", "DASH.internal:443", "127.0.0.1"] {
+            assert!(allowed(ok, &hosts), "{ok}");
+        }
+        for bad in ["dash.internal.evil", "evil.dash.internal", "dash", ""] {
+            assert!(!allowed(bad, &hosts), "{bad}");
+        }
+        assert_eq!(host_name("Dash.Internal").as_deref(), Ok("dash.internal"));
+        for bad in ["", "*.internal", "a b", "dash:80", "a..b", "[::1]"] {
+            assert!(host_name(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn only_addresses_and_localhost_are_local_names() {

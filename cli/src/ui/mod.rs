@@ -17,6 +17,8 @@ mod reply;
 mod throughput;
 mod views;
 
+pub use guard::host_name;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -28,13 +30,16 @@ use crate::commands::Done;
 use crate::error::CliError;
 
 /// How `pg-lease ui` was started.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// Address to listen on (port 0: any free port; the line printed at
     /// start says which).
     pub listen: SocketAddr,
     /// Whether pages offer requeue, cancel and purge.
     pub allow_actions: bool,
+    /// Host names answered besides IP addresses and `localhost` (a reverse
+    /// proxy's), lower case.
+    pub allow_hosts: Vec<String>,
 }
 
 /// What every request handler shares.
@@ -95,7 +100,7 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
         "pg-lease ui: serving http://{bound}/ (actions {})",
         if options.allow_actions { "on" } else { "off" }
     );
-    let served = axum::serve(listener, router(ui))
+    let served = axum::serve(listener, router(ui, options.allow_hosts.into()))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -105,8 +110,9 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
     Ok(Done::All)
 }
 
-/// Every route.
-fn router(ui: Arc<Ui>) -> Router {
+/// Every route, behind the guard that answers only to local names and
+/// `hosts`.
+fn router(ui: Arc<Ui>, hosts: Arc<[String]>) -> Router {
     Router::new()
         .route("/", get(pages::queues))
         .route("/fragments/queues", get(pages::queues_fragment))
@@ -122,6 +128,6 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/actions/cancel-key", post(actions::cancel_key))
         .route("/actions/purge-dead", post(actions::purge_dead))
         .fallback(pages::not_found)
-        .layer(axum::middleware::from_fn(guard::check))
+        .layer(axum::middleware::from_fn_with_state(hosts, guard::check))
         .with_state(ui)
 }
