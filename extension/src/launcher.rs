@@ -80,7 +80,17 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
     log!("pg_lease launcher started (lists databases from \"{home}\")");
 
     let mut known = Known::default();
-    while BackgroundWorker::wait_latch(Some(known.pause())) {
+    // A request that came while a sweeper ran lost its latch wake-up (the
+    // wait for the sweeper reset the latch): such a pass starts at once.
+    // (With the reaper off the requests are never taken: no hurry then.)
+    let wait = |known: &Known| {
+        if settings::REAPER_ENABLED.get() && shared::pass_requested() {
+            Duration::ZERO
+        } else {
+            known.pause()
+        }
+    };
+    while BackgroundWorker::wait_latch(Some(wait(&known))) {
         if BackgroundWorker::sighup_received() {
             // The flag alone reloads nothing.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };

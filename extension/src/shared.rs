@@ -191,6 +191,21 @@ pub fn take_woken() -> [u64; TOUCH_WORDS] {
     take_bits(&WOKEN)
 }
 
+/// Launcher side, before it waits: whether a wake, a hot database or an
+/// install asked for a pass that has not taken it yet. Waiting for a
+/// sweeper to exit resets the launcher's latch, so a request that came
+/// during a sweep is known by its bits alone. (Touches are not counted:
+/// they wait for the next full pass by design.)
+pub fn pass_requested() -> bool {
+    if !preloaded() {
+        return false;
+    }
+    let set = |words: &PgAtomic<[AtomicU64; TOUCH_WORDS]>| {
+        words.get().iter().any(|w| w.load(Ordering::Acquire) != 0)
+    };
+    set(&WOKEN) || set(&HOT) || DISCOVER.get().load(Ordering::Acquire) != 0
+}
+
 fn take_bits(shared: &PgAtomic<[AtomicU64; TOUCH_WORDS]>) -> [u64; TOUCH_WORDS] {
     let mut words = [0; TOUCH_WORDS];
     if preloaded() {
