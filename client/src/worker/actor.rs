@@ -1,13 +1,14 @@
 //! The worker's actor: one loop that owns every lease the worker holds.
 //!
 //! Each lease is in exactly one place: waiting for a slot, with a running
-//! handler, its handler returned and waiting to be released, or inside a database call
-//! in flight. The loop claims while the worker may hold more leases
-//! (`concurrency + prefetch`, the prefetch sized by [`Pace`] unless set),
-//! starts waiting rows in claim order as slots
-//! free up, and releases the leases whose handlers returned, taking the done ones' leases up
-//! again in the same statement (`release_and_claim`). Heartbeats and
-//! `LISTEN` run beside it on their own connections.
+//! handler, waiting to be released (its handler returned, or it was given
+//! back unstarted), or inside a database call in flight. The loop claims
+//! while the worker may hold more leases (`concurrency + prefetch`, the
+//! prefetch sized by [`Pace`] unless set), starts waiting rows in claim
+//! order as slots free up, and releases the leases whose handlers
+//! returned, taking the done ones' leases up again in the same statement
+//! (`release_and_claim`). Heartbeats and `LISTEN` run beside it on their
+//! own connections.
 //!
 //! Calls in flight: at most one claim, and up to [`RELEASE_LANES`] release
 //! batches (each with its refill), each lane on a connection of its own so
