@@ -431,3 +431,63 @@ async fn bad_input_a_foreign_host_and_a_database_that_goes_away() {
 
     b.close().await;
 }
+
+/// Queues named `.` and `..` are reached by their links. A browser reads
+/// such a path segment as "this directory" or "the one above", encoded or
+/// not, so before the fix their links led to `/queues/` (404) and to the
+/// queues page: the rows, filters, paging and actions of those queues could
+/// not be reached from any page. Their links carry the name in the query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_named_like_dot_segments_are_reached_by_their_links() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('.'); SELECT lease.create_queue('..');
+         SELECT lease.enqueue('.', '{}', key => 'only');
+         SELECT lease.enqueue('..', jsonb_build_object('n', g), key => 'k-' || g)
+           FROM generate_series(1, 51) g;",
+    )
+    .await
+    .expect("fill");
+    let ui = Dashboard::start(&cluster.conn_string(TEST_DB), &["--allow-actions"]);
+    let b = Browser::start().await;
+
+    for (name, rows) in [(".", 1), ("..", 50)] {
+        b.goto(&ui.url("/")).await;
+        b.follow(&format!("tr[data-queue='{name}'] td a")).await;
+        assert_eq!(b.text("h1 .name").await, name, "at {}", b.path().await);
+        assert_eq!(b.count("table.jobs tbody tr").await, rows, "{name}");
+    }
+    // On "..": the next page, the state filter, a row and back, cancel by key.
+    b.follow("a.next").await;
+    assert_eq!(b.text("h1 .name").await, "..");
+    assert_eq!(b.count("table.jobs tbody tr").await, 1, "page 2");
+    b.client
+        .find(fantoccini::Locator::Css("select[name=state]"))
+        .await
+        .expect("select")
+        .select_by_value("pending")
+        .await
+        .expect("pending");
+    b.follow("form.filters button").await;
+    assert_eq!(b.text("h1 .name").await, "..", "filtered");
+    assert_eq!(b.count("table.jobs tbody tr").await, 50);
+    b.follow("table.jobs td.n a").await;
+    b.follow("h1 small a").await;
+    assert_eq!(b.text("h1 .name").await, "..", "back from a row");
+    b.client
+        .find(fantoccini::Locator::Css(
+            "form[action='/actions/cancel-key'] input[name=key]",
+        ))
+        .await
+        .expect("key input")
+        .send_keys("k-7")
+        .await
+        .expect("type");
+    b.follow("form[action='/actions/cancel-key'] button").await;
+    assert!(b.text("p.done").await.starts_with("Cancelled"));
+    b.follow("p a").await;
+    assert_eq!(b.text("h1 .name").await, "..", "back from the action");
+
+    b.close().await;
+}

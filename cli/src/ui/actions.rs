@@ -10,7 +10,7 @@ use pg_lease_client::CancelResult;
 use serde::Deserialize;
 
 use super::guard;
-use super::pages::{encode, parse_id};
+use super::pages::{parse_id, queue_href};
 use super::reply::{page, Reply, UiError};
 use super::views::DonePage;
 use super::Ui;
@@ -74,7 +74,7 @@ pub async fn cancel_key(
     let form = accept(&ui, form)?;
     let result = ui.client.cancel_key(&form.queue, &form.key).await?;
     let message = cancelled(&format!("the row of key {:?}", form.key), result)?;
-    done(&ui, message, format!("/queues/{}", encode(&form.queue)))
+    done(&ui, message, queue_href(&form.queue, ""))
 }
 
 /// `POST /actions/purge-dead`: `lease.purge_dead(queue)`, only with the
@@ -93,7 +93,7 @@ pub async fn purge_dead(
     done(
         &ui,
         format!("Deleted {n} dead letters of {}.", form.queue),
-        format!("/queues/{}", encode(&form.queue)),
+        queue_href(&form.queue, ""),
     )
 }
 

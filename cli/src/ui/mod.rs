@@ -117,6 +117,7 @@ fn router(ui: Arc<Ui>, hosts: Arc<[String]>) -> Router {
         .route("/", get(pages::queues))
         .route("/fragments/queues", get(pages::queues_fragment))
         .route("/queues/{name}", get(pages::queue))
+        .route("/queue", get(pages::queue_by_query))
         .route("/jobs/{id}", get(pages::job))
         .route("/dead", get(pages::dead))
         .route("/schedules", get(pages::schedules))

@@ -62,7 +62,7 @@ fn queue_rows(ui: &Ui, metrics: &[QueueMetrics]) -> Vec<QueueRow> {
         .map(|m| {
             let (rate, chart) = ui.throughput.chart(&m.queue);
             QueueRow {
-                href: format!("/queues/{}", encode(&m.queue)),
+                href: queue_href(&m.queue, ""),
                 dead_href: format!("/dead?queue={}", encode(&m.queue)),
                 name: m.queue.clone(),
                 ready: m.ready,
@@ -108,13 +108,58 @@ pub async fn queue(
 ) -> Reply {
     let Path(name) = name.map_err(|e| UiError::BadRequest(e.body_text()))?;
     let Query(params) = params.map_err(|e| UiError::BadRequest(e.body_text()))?;
+    queue_page(&ui, name, params).await
+}
+
+/// The name of a queue in the query, for the names [`queue_href`] cannot
+/// put in the path.
+#[derive(Debug, Deserialize)]
+pub struct QueueName {
+    name: String,
+}
+
+/// `/queue?name=&state=&key=&after=`: the page of `/queues/<name>`.
+pub async fn queue_by_query(
+    State(ui): Shared,
+    name: Result<Query<QueueName>, QueryRejection>,
+    params: Result<Query<JobsParams>, QueryRejection>,
+) -> Reply {
+    let Query(QueueName { name }) = name.map_err(|e| UiError::BadRequest(e.body_text()))?;
+    let Query(params) = params.map_err(|e| UiError::BadRequest(e.body_text()))?;
+    queue_page(&ui, name, params).await
+}
+
+/// The link to the page of queue `name`, with `query` (`state=…&…`, or
+/// empty) after it. Browsers read a path segment `.` or `..` as "here" and
+/// "the folder above", percent-encoded or not, so those two names go in
+/// the query instead.
+pub fn queue_href(name: &str, query: &str) -> String {
+    let (path, glue) = if name_in_query(name) {
+        (format!("/queue?name={}", encode(name)), '&')
+    } else {
+        (format!("/queues/{}", encode(name)), '?')
+    };
+    if query.is_empty() {
+        path
+    } else {
+        format!("{path}{glue}{query}")
+    }
+}
+
+/// Whether the link to queue `name` carries it in the query.
+fn name_in_query(name: &str) -> bool {
+    name == "." || name == ".."
+}
+
+/// A queue's counts and the page of its rows `params` asks for.
+async fn queue_page(ui: &Ui, name: String, params: JobsParams) -> Reply {
     let state = match params.state.as_str() {
         "" => None,
         s => Some(s.parse::<JobState>().map_err(|_| {
             UiError::BadRequest(format!("no state {s:?}: one of {}", STATES.join(", ")))
         })?),
     };
-    let m = queue_metrics(&ui, &name).await?;
+    let m = queue_metrics(ui, &name).await?;
     let filter = JobFilter {
         queue: Some(name.clone()),
         state,
@@ -134,13 +179,13 @@ pub async fn queue(
     let now = SystemTime::now();
     let next = match &jobs {
         Ok(rows) if rows.len() == PAGE_ROWS as usize => rows.last().map(|last| {
-            format!(
-                "/queues/{}?state={}&key={}&after={}",
-                encode(&name),
+            let query = format!(
+                "state={}&key={}&after={}",
                 encode(&params.state),
                 encode(&params.key),
                 last.id
-            )
+            );
+            queue_href(&name, &query)
         }),
         _ => None,
     };
@@ -173,6 +218,7 @@ pub async fn queue(
             ("enqueued in all", m.enqueued_total),
             ("done in all", m.done_total),
         ],
+        name_in_query: name_in_query(&name),
         name,
         state: params.state,
         key: params.key,
@@ -221,7 +267,7 @@ pub async fn job(State(ui): Shared, id: Result<Path<String>, PathRejection>) -> 
     page(&JobPage {
         layout: ui.layout(""),
         id: j.id,
-        queue_href: format!("/queues/{}", encode(&j.queue)),
+        queue_href: queue_href(&j.queue, ""),
         queue: j.queue,
         fields,
         payload,

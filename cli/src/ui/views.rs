@@ -82,6 +82,9 @@ pub struct JobRow {
 pub struct QueuePage {
     pub layout: Layout,
     pub name: String,
+    /// Whether the page's address carries the name in the query (see
+    /// `pages::queue_href`), so the filter form must send it again.
+    pub name_in_query: bool,
     pub counts: Vec<(&'static str, i64)>,
     /// The state filter ("" for all) and the key filter.
     pub state: String,
