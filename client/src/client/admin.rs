@@ -262,8 +262,11 @@ impl Client {
     /// [`Error::PermissionDenied`](crate::Error::PermissionDenied).
     ///
     /// A `key` needs a `queue` ([`Error::InvalidInput`](crate::Error::InvalidInput)
-    /// otherwise) and is found through the queue's key index; without one,
-    /// pages walk the primary key from `after`.
+    /// otherwise) and is found through the queue's key index. Otherwise a
+    /// page starts after `after` and reads about a page of rows: it walks
+    /// the primary key, or with a `state` that state's partial index when
+    /// the planner finds it cheaper (the few leased or dead rows of a big
+    /// queue).
     pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
         if let Some(key) = &filter.key {
             let Some(queue) = &filter.queue else {

@@ -111,7 +111,7 @@ impl Conn {
     }
 
     async fn query(&self, q: Query, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        if !self.prepare {
+        if !self.prepare || q.planned_per_call() {
             return self
                 .pg
                 .query_typed(q.sql(), &q.typed(params))

@@ -104,6 +104,39 @@ macro_rules! job_columns {
     };
 }
 
+/// A page of `lease.job` rows: `$3` of them with ids above `$4`, of queue
+/// `$1` (or all), in state `$2` (or any). One branch per state, each
+/// comparing `state` with a literal, since only a literal lets the planner
+/// use that state's partial index (`job_leased`, `job_finished`): a page of
+/// the few dead rows of a big queue then reads those rows, not the queue.
+/// The statement is planned for its arguments on every call (see
+/// [`Query::planned_per_call`]), which drops the other branches.
+macro_rules! jobs_in_states {
+    () => {
+        concat!(
+            jobs_in_states!(@branch "$2::text IS NULL"),
+            jobs_in_states!(@in "pending"),
+            jobs_in_states!(@in "leased"),
+            jobs_in_states!(@in "done"),
+            jobs_in_states!(@in "dead"),
+            jobs_in_states!(@in "cancelled"),
+            "ORDER BY id LIMIT $3::bigint"
+        )
+    };
+    (@in $state:literal) => {
+        concat!(
+            "UNION ALL ",
+            jobs_in_states!(@branch concat!("$2::text = '", $state, "' AND state = '", $state, "'"))
+        )
+    };
+    (@branch $state:expr) => {
+        concat!(
+            "(", job_columns!(), "WHERE ", $state, " AND ($1::text IS NULL OR queue = $1::text) ",
+            "AND id > $4::bigint ORDER BY id LIMIT $3::bigint) "
+        )
+    };
+}
+
 /// An interval column as microseconds.
 macro_rules! as_micros {
     ($col:literal) => {
@@ -132,6 +165,14 @@ impl Query {
     ) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
         let types = self.param_types().iter().cloned();
         params.iter().copied().zip(types).collect()
+    }
+
+    /// Whether the statement is sent unprepared even on a connection that
+    /// prepares, so that the server plans it for each call's arguments: a
+    /// prepared statement's generic plan would not know the queue and
+    /// state, and may walk a whole queue for a page of its rare rows.
+    pub(super) fn planned_per_call(self) -> bool {
+        matches!(self, Query::Jobs)
     }
 
     /// The statement's SQL.
@@ -287,12 +328,7 @@ impl Query {
                 ", jitter = 'full', restricted, attached, created_at ",
                 "FROM lease.queue ORDER BY name"
             ),
-            S::Jobs => concat!(
-                job_columns!(),
-                "WHERE ($1::text IS NULL OR queue = $1::text) ",
-                "AND ($2::text IS NULL OR state::text = $2::text) AND id > $4::bigint ",
-                "ORDER BY id LIMIT $3::bigint"
-            ),
+            S::Jobs => jobs_in_states!(),
             S::JobByKey => concat!(job_columns!(), "WHERE queue = $1::text AND key = $2::text"),
             S::Job => concat!(job_columns!(), "WHERE id = $1::bigint"),
             S::ExtensionVersions => concat!(
