@@ -29,7 +29,7 @@ impl Bench {
              handler's own (`Server-Timing`), database round trips included. One queue holds \
              the backlog; 500 rows leased, 1,000 delayed, 100 dead. No VACUUM after the fill. \
              `after`: a page from the middle of the queue; `state=dead`: a filter whose rows \
-             are rare, which walks the ids until it has a page.",
+             are rare, read through the dead rows' index.",
             &["page", "backlog", "samples", "p50 ms", "p95 ms"],
         );
         let samples = self.size.latency_samples.min(50);
