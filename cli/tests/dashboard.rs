@@ -129,13 +129,7 @@ async fn every_page_loads_and_its_links_lead_on() {
     assert_eq!(b.path().await, "/queues/emails");
 
     // The state filter, through the form.
-    b.client
-        .find(fantoccini::Locator::Css("select[name=state]"))
-        .await
-        .expect("select")
-        .select_by_value("dead")
-        .await
-        .expect("dead");
+    b.choose("select[name=state]", "dead").await;
     b.follow("form.filters button").await;
     b.wait_path("/queues/emails?state=dead").await;
     assert_eq!(b.count("table.jobs tbody tr").await, 1);
@@ -259,15 +253,11 @@ async fn actions_change_the_database_and_need_this_servers_token() {
     // Cancel by key from the queue page.
     let by_key: i64 = scalar(&pg, "SELECT id FROM lease.job WHERE key = 'welcome-3'").await;
     b.goto(&ui.url("/queues/emails")).await;
-    b.client
-        .find(fantoccini::Locator::Css(
-            "form[action='/actions/cancel-key'] input[name=key]",
-        ))
-        .await
-        .expect("key input")
-        .send_keys("welcome-3")
-        .await
-        .expect("type");
+    b.type_into(
+        "form[action='/actions/cancel-key'] input[name=key]",
+        "welcome-3",
+    )
+    .await;
     b.follow("form[action='/actions/cancel-key'] button").await;
     assert_eq!(state(&pg, by_key).await, "cancelled");
 
@@ -462,28 +452,15 @@ async fn queues_named_like_dot_segments_are_reached_by_their_links() {
     b.follow("a.next").await;
     assert_eq!(b.text("h1 .name").await, "..");
     assert_eq!(b.count("table.jobs tbody tr").await, 1, "page 2");
-    b.client
-        .find(fantoccini::Locator::Css("select[name=state]"))
-        .await
-        .expect("select")
-        .select_by_value("pending")
-        .await
-        .expect("pending");
+    b.choose("select[name=state]", "pending").await;
     b.follow("form.filters button").await;
     assert_eq!(b.text("h1 .name").await, "..", "filtered");
     assert_eq!(b.count("table.jobs tbody tr").await, 50);
     b.follow("table.jobs td.n a").await;
     b.follow("h1 small a").await;
     assert_eq!(b.text("h1 .name").await, "..", "back from a row");
-    b.client
-        .find(fantoccini::Locator::Css(
-            "form[action='/actions/cancel-key'] input[name=key]",
-        ))
-        .await
-        .expect("key input")
-        .send_keys("k-7")
-        .await
-        .expect("type");
+    b.type_into("form[action='/actions/cancel-key'] input[name=key]", "k-7")
+        .await;
     b.follow("form[action='/actions/cancel-key'] button").await;
     assert!(b.text("p.done").await.starts_with("Cancelled"));
     b.follow("p a").await;

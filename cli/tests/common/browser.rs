@@ -185,6 +185,23 @@ impl Browser {
         }
     }
 
+    /// Types `text` into the first element matching `css`.
+    pub async fn type_into(&self, css: &str, text: &str) {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(element) => element.send_keys(text).await.expect("type"),
+            Err(e) => panic!("no {css} ({e}) in\n{}", self.source().await),
+        }
+    }
+
+    /// Chooses the option of value `value` in the first `<select>`
+    /// matching `css`.
+    pub async fn choose(&self, css: &str, value: &str) {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(element) => element.select_by_value(value).await.expect("choose"),
+            Err(e) => panic!("no {css} ({e}) in\n{}", self.source().await),
+        }
+    }
+
     /// Clicks the first element matching `css` (a link or a submit button)
     /// and waits until the next page has loaded: the old page's elements
     /// would otherwise still answer, or go stale under a query.
