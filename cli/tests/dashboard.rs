@@ -404,7 +404,34 @@ async fn bad_input_a_foreign_host_and_a_database_that_goes_away() {
     assert_eq!(ui.status_with_host("/", "dash.internal"), 403);
     drop(proxied);
 
-    // The database goes away: a page that says so, then recovery.
+    // The database goes away under an open queues page: its table says
+    // it is stale and why, and comes back in place. (Failed before: the
+    // page kept the last table and said nothing.)
+    b.goto(&ui.url("/")).await;
+    assert_eq!(b.count("p.stale:not([hidden])").await, 0);
+    cluster.crash();
+    pg_tests::until(
+        "the open page says its table is stale",
+        Duration::from_secs(20),
+        || async { b.count("p.stale:not([hidden])").await == 1 },
+    )
+    .await;
+    let stale = b.text("p.stale").await;
+    assert!(
+        stale.contains("Not refreshed since") && stale.contains("Database unreachable"),
+        "{stale}"
+    );
+    b.screenshot("queues-stale").await;
+    cluster.restart_immediate();
+    pg_tests::until(
+        "the open page refreshes again",
+        Duration::from_secs(30),
+        || async { b.count("p.stale:not([hidden])").await == 0 },
+    )
+    .await;
+    assert_eq!(b.text("tr[data-queue=bulk] td:nth-child(2)").await, "120");
+
+    // A page loaded while the database is away says so, then recovery.
     cluster.crash();
     b.goto(&ui.url("/")).await;
     assert_eq!(b.text("h1").await, "Database unreachable");
