@@ -138,9 +138,15 @@ CREATE UNIQUE INDEX job_key ON lease.job (queue, key)
 -- rows are in it, so a finished row's value may be enqueued again.
 CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
--- Retention purge and dead-letter listing.
+-- Retention purge.
 CREATE INDEX job_finished ON lease.job (queue, finished_at)
     WHERE state IN ('done', 'dead', 'cancelled');
+-- A queue's dead letters and cancelled rows by id (their pages, the purge
+-- of dead letters), without walking the done rows a queue keeps.
+-- Rows enter it only when they fail for good or are cancelled: nothing on
+-- the claim and release path of work that succeeds.
+CREATE INDEX job_dead_or_cancelled ON lease.job (queue, state, id)
+    WHERE state IN ('dead', 'cancelled');
 
 CREATE TABLE lease.named_lease (
     name        text PRIMARY KEY CHECK (name <> '' AND length(name) <= 128),

@@ -45,6 +45,8 @@ CREATE INDEX job_ready ON lease.job (queue, priority DESC, rank, next_at, id)
     WHERE state = 'pending' AND NOT held;
 CREATE INDEX job_held ON lease.job (queue, concurrency_key, priority DESC, id)
     WHERE state = 'pending' AND held;
+CREATE INDEX job_dead_or_cancelled ON lease.job (queue, state, id)
+    WHERE state IN ('dead', 'cancelled');
 
 CREATE TABLE lease.key_slot (
     queue   text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,

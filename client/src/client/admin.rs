@@ -265,8 +265,9 @@ impl Client {
     /// otherwise) and is found through the queue's key index. Otherwise a
     /// page starts after `after` and reads about a page of rows: it walks
     /// the primary key, or with a `state` that state's partial index when
-    /// the planner finds it cheaper (the few leased or dead rows of a big
-    /// queue).
+    /// the planner finds it cheaper (the few leased, dead or cancelled rows
+    /// of a big queue). Done rows have no index by id: a page of them walks
+    /// the primary key or the queue's finished rows.
     pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
         if let Some(key) = &filter.key {
             let Some(queue) = &filter.queue else {

@@ -107,8 +107,9 @@ macro_rules! job_columns {
 /// A page of `lease.job` rows: `$3` of them with ids above `$4`, of queue
 /// `$1` (or all), in state `$2` (or any). One branch per state, each
 /// comparing `state` with a literal, since only a literal lets the planner
-/// use that state's partial index (`job_leased`, `job_finished`): a page of
-/// the few dead rows of a big queue then reads those rows, not the queue.
+/// use that state's partial index (`job_leased`, `job_dead_or_cancelled`):
+/// a page of the few dead rows of a big queue then reads those rows, not
+/// the queue.
 /// The statement is planned for its arguments on every call (see
 /// [`Query::planned_per_call`]), which drops the other branches.
 macro_rules! jobs_in_states {
@@ -172,7 +173,7 @@ impl Query {
     /// prepared statement's generic plan would not know the queue and
     /// state, and may walk a whole queue for a page of its rare rows.
     pub(super) fn planned_per_call(self) -> bool {
-        matches!(self, Query::Jobs)
+        matches!(self, Query::Jobs | Query::DeadLetters)
     }
 
     /// The statement's SQL.
