@@ -19,7 +19,8 @@
 //! sweeps a database with pg_lease when that time comes or when a claim or
 //! cancel committed there since the last pass, and looks at any other
 //! database again only every `lease.discovery_interval`, or at once when
-//! `CREATE EXTENSION` asks it to.
+//! `CREATE EXTENSION` asks it to (and every `EAGER_GAP` after that until
+//! the install's commit shows).
 //!
 //! A database whose `lease.job` a sweeper vacuumed within the last
 //! `lease.sweep_interval` is churning: the launcher comes back to it every
@@ -265,7 +266,15 @@ impl Known {
             .filter_map(|k| k.due_at.map(|t| t.max(k.checked_at + DUE_GAP)))
             .filter(|t| *t > now)
             .map(|t| t - now);
-        let quick = churning.chain(due).min();
+        // An install not seen yet (the first look may come before its
+        // transaction commits) is looked at again every EAGER_GAP while it
+        // is eager: nothing else need wake the launcher before the next pass.
+        let eager = self
+            .databases
+            .values()
+            .filter(|k| !k.installed && k.eager_until.is_some_and(|t| t > now))
+            .map(|k| (k.checked_at + EAGER_GAP).saturating_duration_since(now));
+        let quick = churning.chain(due).chain(eager).min();
         let interval = settings::sweep_interval();
         // At least a millisecond: a shorter wait rounds down to none, and a
         // look due in under a millisecond is not due yet.
@@ -360,6 +369,37 @@ const DUE_GAP: Duration = Duration::from_millis(100);
 
 /// How long after `CREATE EXTENSION` its database is looked at every pass.
 const EAGER_LOOK: Duration = Duration::from_secs(10);
+
+/// How often, in that time, a database whose install is not seen yet is
+/// looked at: at most 50 sweepers for an install that rolls back.
+const EAGER_GAP: Duration = Duration::from_millis(200);
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    use super::*;
+
+    /// `CREATE EXTENSION` asks for a look from inside its transaction, so
+    /// the first look may find no pg_lease. Failed before: the launcher
+    /// then waited a whole `lease.sweep_interval` (30 s in the reaper_vacuum
+    /// suite, which failed now and then), unless a stray latch wake-up (a
+    /// sinval catch-up after the install's commit) came first.
+    #[pg_test]
+    fn an_install_not_seen_yet_is_looked_at_again_soon() {
+        let oid = pg_sys::Oid::from(4242);
+        let mut known = Known::default();
+        known.rediscover(oid);
+        known.record(oid, Some(Verdict::Absent), None, None);
+        assert!(known.pause() <= EAGER_GAP, "{:?}", known.pause());
+        // Once the eager time is over, the sweep interval again.
+        if let Some(k) = known.databases.get_mut(&oid) {
+            k.eager_until = Some(Instant::now());
+        }
+        assert_eq!(known.pause(), settings::sweep_interval());
+    }
+}
 
 /// Databases that accept connections and are valid, templates excluded.
 /// Operators are schema-qualified: the home database's search_path is its
