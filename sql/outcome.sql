@@ -197,11 +197,13 @@ $$;
 COMMENT ON FUNCTION lease._take_write_backs(name, integer) IS
     'Internal part of lease.apply_write_backs: locks up to MAX_ROWS due write-backs of tables the session user owns, counts an attempt on each and returns their ids.';
 
--- Applies write-back ID. Locks the table row first (the lock order of
--- lease.fence and of every writer of the table), then the key's lease row,
--- FOR SHARE until commit, so that no requeue slips in between the check
--- and the write.
-CREATE FUNCTION lease._apply_write_back(invoker name, id bigint) RETURNS boolean
+-- What applying write-back ID takes, for lease.apply_write_backs to run in
+-- its own frame, as the table's owner: nothing of the owner's (its table, its
+-- function, the operators and settings they might bring) runs in a frame of
+-- the extension owner's. Both statements are built here, under this
+-- function's search_path, so every name in them is qualified.
+CREATE FUNCTION lease._write_back_target(invoker name, id bigint)
+RETURNS TABLE (lock_sql text, apply_sql text, key text, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -211,8 +213,8 @@ DECLARE
     target record;
     fn regproc;
 BEGIN
-    SELECT * INTO w FROM lease.write_back b WHERE b.id = _apply_write_back.id;
-    SELECT a.rel, c.relowner, format_type(k.atttypid, NULL) AS key_type,
+    SELECT * INTO w FROM lease.write_back b WHERE b.id = _write_back_target.id;
+    SELECT a.rel, c.relowner, c.relkind, format_type(k.atttypid, NULL) AS key_type,
            lease._attached_key_column(a.queue, a.rel) AS key_col
       INTO target
       FROM lease.attachment a
@@ -220,36 +222,90 @@ BEGIN
       JOIN pg_attribute k ON k.attrelid = a.rel AND k.attnum = a.key_attnum
      WHERE a.queue = w.queue;
     IF w.id IS NULL OR target.rel IS NULL THEN
-        RETURN false;
+        RETURN;
     END IF;
     IF target.relowner <> owner THEN
         RAISE EXCEPTION 'write-back % is for table %, which role "%" does not own', id, target.rel, session_user
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    IF target.relkind NOT IN ('r', 'p') OR target.key_col IS NULL THEN
+        RAISE EXCEPTION '% is no longer a table with the key attach saw', target.rel
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Detach it.';
+    END IF;
     fn := lease._outcome_function(w.queue);
+    IF fn IS NULL THEN
+        DELETE FROM lease.write_back b WHERE b.id = w.id;
+        RETURN;
+    END IF;
     -- The key type is one attach supports, so = and the cast are built in.
-    IF target.key_col IS NOT NULL THEN
-        EXECUTE format('SELECT FROM %s t WHERE t.%I = $1::%s FOR NO KEY UPDATE',
-                       target.rel, target.key_col, target.key_type)
-          USING w.key;
+    lock_sql := format('SELECT FROM %s t WHERE t.%I OPERATOR(pg_catalog.=) $1::%s FOR NO KEY UPDATE OF t',
+                       target.rel, target.key_col, target.key_type);
+    apply_sql := format('SELECT %s($1, $2)', fn);
+    key := w.key;
+    outcome := w.outcome::text;
+    RETURN NEXT;
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_target(name, bigint) IS
+$$Internal part of lease.apply_write_backs: the statements that lock the table row of write-back ID and apply
+its on_dead/on_cancel function (with their arguments), for the table's owner to run; no row if the write-back
+is gone (or deleted here, its table having no outcome function any more). 42501 unless the session user owns the table and acts as itself; 55000 if the table is no longer a
+table, or its outcome function is gone or altered.$$;
+
+-- Called once the table row is locked (the lock order of lease.fence and of
+-- every writer of the table: table row, then lease row): locks the key's
+-- lease row FOR SHARE until commit, so that no requeue slips in between this
+-- check and the write.
+CREATE FUNCTION lease._write_back_wanted(invoker name, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+    w lease.write_back;
+BEGIN
+    SELECT b.* INTO w
+      FROM lease.write_back b
+      JOIN lease.attachment a ON a.queue = b.queue
+      JOIN pg_class c ON c.oid = a.rel
+     WHERE b.id = _write_back_wanted.id AND c.relowner = owner;
+    IF w.id IS NULL THEN
+        RETURN false;
     END IF;
     PERFORM FROM lease.job j WHERE j.queue = w.queue AND j.key = w.key FOR SHARE;
     -- Work again under this key (requeued, or a new row) is not undone.
-    IF fn IS NULL OR EXISTS (SELECT FROM lease.job j
-                              WHERE j.queue = w.queue AND j.key = w.key AND j.state IN ('pending', 'leased')) THEN
+    IF EXISTS (SELECT FROM lease.job j
+                WHERE j.queue = w.queue AND j.key = w.key AND j.state IN ('pending', 'leased')) THEN
         DELETE FROM lease.write_back b WHERE b.id = w.id;
         RETURN false;
     END IF;
-    EXECUTE format('SELECT %s($1, $2)', fn) USING w.key, w.outcome::text;
-    DELETE FROM lease.write_back b WHERE b.id = w.id;
     RETURN true;
 END
 $$;
 
-COMMENT ON FUNCTION lease._apply_write_back(name, bigint) IS
-$$Internal part of lease.apply_write_backs: applies write-back ID (the table owner's on_dead/on_cancel function,
-to the row if it still matches) and deletes it; deletes it unapplied if its key has work again. 42501 unless
-the session user owns the table and acts as itself.$$;
+COMMENT ON FUNCTION lease._write_back_wanted(name, bigint) IS
+$$Internal part of lease.apply_write_backs, after the table row is locked: locks the key's lease row and says
+whether write-back ID is still to be applied; deletes it, unapplied, if its key has work again. Acts only on
+tables the session user owns.$$;
+
+CREATE FUNCTION lease._write_back_applied(invoker name, id bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+BEGIN
+    DELETE FROM lease.write_back w
+     WHERE w.id = _write_back_applied.id
+       AND EXISTS (SELECT FROM lease.attachment a JOIN pg_class c ON c.oid = a.rel
+                    WHERE a.queue = w.queue AND c.relowner = owner);
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_applied(name, bigint) IS
+    'Internal part of lease.apply_write_backs: deletes write-back ID, applied, of a table the session user owns.';
 
 CREATE FUNCTION lease._write_back_failed(invoker name, id bigint, error text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -268,10 +324,12 @@ $$;
 COMMENT ON FUNCTION lease._write_back_failed(name, bigint, text) IS
     'Internal part of lease.apply_write_backs: records ERROR on write-back ID of a table the session user owns.';
 
--- SECURITY INVOKER: it runs as the table's owner, so the deferred triggers
--- that the owner's UPDATE queued fire here, as the owner, inside the block
--- that catches what they raise (left for the commit, they would fire as
--- whoever commits).
+-- SECURITY INVOKER: it runs as the table's owner, and so does everything of
+-- the owner's it calls: the lock of the table row, the outcome function, and
+-- the deferred triggers that the owner's UPDATE queued, which fire here
+-- inside the block that catches what they raise (left for the commit, they
+-- would fire as whoever commits). The parts that change pg_lease's tables
+-- are SECURITY DEFINER functions that run nothing of the owner's.
 CREATE FUNCTION lease.apply_write_backs(max_rows integer DEFAULT 100) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -279,12 +337,20 @@ AS $$
 DECLARE
     me constant name := current_user;
     w bigint;
+    target record;
     handled integer := 0;
     problem text;
 BEGIN
     FOR w IN SELECT * FROM lease._take_write_backs(me, max_rows) LOOP
         BEGIN
-            PERFORM lease._apply_write_back(me, w);
+            SELECT * INTO target FROM lease._write_back_target(me, w);
+            IF FOUND THEN
+                EXECUTE target.lock_sql USING target.key;
+                IF lease._write_back_wanted(me, w) THEN
+                    EXECUTE target.apply_sql USING target.key, target.outcome;
+                    PERFORM lease._write_back_applied(me, w);
+                END IF;
+            END IF;
             SET CONSTRAINTS ALL IMMEDIATE;
         EXCEPTION WHEN OTHERS OR query_canceled THEN
             GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
@@ -327,7 +393,8 @@ COMMENT ON FUNCTION lease._write_back_owners() IS
 
 -- Locks the table rows of those of IDS that belong to attached tables, in
 -- key order, FOR NO KEY UPDATE. Returns the ids whose table rows this
--- transaction now holds.
+-- transaction now holds. Called by lease.fence, as the extension owner: the
+-- reads of the tables run as their owners (lease._lock_table_rows).
 CREATE FUNCTION lease._lock_attached_rows(ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -338,19 +405,15 @@ DECLARE
     locked bigint[] := '{}';
 BEGIN
     FOR target IN
-        SELECT a.queue, a.rel, c.attname, format_type(c.atttypid, NULL) AS type, array_agg(j.key) AS keys
+        SELECT a.queue, a.rel, c.attname, array_agg(j.key) AS keys
           FROM lease.job j
           JOIN lease.attachment a ON a.queue = j.queue
           JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
          WHERE j.id = ANY (ids)
            AND c.attname = lease._attached_key_column(a.queue, a.rel)
-         GROUP BY a.queue, a.rel, c.attname, c.atttypid
+         GROUP BY a.queue, a.rel, c.attname
     LOOP
-        -- The key type is one attach supports, so = and the cast are built in.
-        EXECUTE format('SELECT array_agg(l.k) FROM (SELECT t.%1$I::text AS k FROM %2$s t WHERE t.%1$I = ANY ($1::%3$s[])
-                         ORDER BY t.%1$I FOR NO KEY UPDATE) l',
-                       target.attname, target.rel, target.type)
-          INTO locked_keys USING target.keys;
+        locked_keys := lease._lock_table_rows(target.rel, target.attname, target.keys);
         locked := locked || ARRAY(SELECT j.id FROM lease.job j
                                    WHERE j.queue = target.queue AND j.key = ANY (locked_keys) AND j.id = ANY (ids));
     END LOOP;
@@ -359,5 +422,6 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._lock_attached_rows(bigint[]) IS
-$$Internal: locks the table rows of the attached-table rows among IDS FOR NO KEY UPDATE, in key order; returns
-the ids whose table rows are now locked. The lock order of lease.fence: table row, then lease row.$$;
+$$Internal: locks the table rows of the attached-table rows among IDS FOR NO KEY UPDATE, in key order, each
+table's as its owner (lease._lock_table_rows); returns the ids whose table rows are now locked. The lock
+order of lease.fence: table row, then lease row.$$;

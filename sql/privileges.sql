@@ -66,7 +66,9 @@ GRANT EXECUTE ON FUNCTION
     -- that for themselves.
     lease.apply_write_backs(integer),
     lease._take_write_backs(name, integer),
-    lease._apply_write_back(name, bigint),
+    lease._write_back_target(name, bigint),
+    lease._write_back_wanted(name, bigint),
+    lease._write_back_applied(name, bigint),
     lease._write_back_failed(name, bigint, text)
 TO lease_worker;
 

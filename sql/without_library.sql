@@ -13,7 +13,10 @@
 --     for, and the caller needs CREATE on the table's schema;
 --   * DROP TABLE detaching (an event trigger's work): detach first;
 --   * an epoch floor on a standby (it answers NULL there; a standby issues
---     no epochs anyway).
+--     no epochs anyway);
+--   * lease.fence on a row of an attached table whose reading could run
+--     code of its owner's (row security, an index or constraint using the
+--     owner's functions): refused with 0A000 (below).
 
 -- The WAL timeline from the name of the current WAL file (its first 8 hex
 -- digits), which any role may read on a primary: the same floor as the
@@ -120,3 +123,68 @@ AS $$ SELECT NULL::bigint $$;
 CREATE FUNCTION lease._own_transaction() RETURNS boolean
 LANGUAGE sql VOLATILE STRICT PARALLEL SAFE
 AS $$ SELECT false $$;
+
+-- lease.fence locks an attached row's table row as the extension owner's
+-- frame. The library reads the table as its owner, in a sandbox that undoes
+-- the owner's settings (extension/src/as_owner.rs); SQL has no such
+-- sandbox, so here the table is read as the installing role, and only if
+-- nothing of the table owner's can run in that read: the table and its
+-- descendants must be tables without row security, and their indexes,
+-- constraints and statistics (whose expressions the planner may evaluate)
+-- may use only functions and operators of superusers or in C. Anything else
+-- is refused (55000, or 0A000: it needs the library).
+CREATE FUNCTION lease._lock_table_rows(rel oid, key_column text, keys text[]) RETURNS text[]
+LANGUAGE plpgsql VOLATILE STRICT PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    key_type text;
+    locked text[];
+BEGIN
+    -- What the read takes anyway; held until commit, it keeps the table from
+    -- becoming a view after the checks.
+    EXECUTE format('LOCK TABLE %s IN ROW SHARE MODE', rel::regclass);
+    SELECT CASE a.atttypid WHEN 'bigint'::regtype THEN 'int8' WHEN 'integer'::regtype THEN 'int4'
+                           WHEN 'smallint'::regtype THEN 'int2' WHEN 'uuid'::regtype THEN 'uuid'
+                           WHEN 'text'::regtype THEN 'text' WHEN 'character varying'::regtype THEN 'varchar' END
+      INTO key_type
+      FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = key_column AND NOT a.attisdropped
+     WHERE c.oid = rel AND c.relkind IN ('r', 'p');
+    IF key_type IS NULL THEN
+        RAISE EXCEPTION '% is no longer a table with the key attach saw', rel::regclass
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Detach it.';
+    END IF;
+    IF EXISTS (
+        WITH RECURSIVE tree (oid) AS (
+            SELECT rel UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid),
+        code (oid, classid) AS (
+            SELECT t.oid, 'pg_class'::regclass FROM tree t
+            UNION ALL SELECT x.indexrelid, 'pg_class'::regclass FROM pg_index x JOIN tree t ON x.indrelid = t.oid
+            UNION ALL SELECT k.oid, 'pg_constraint'::regclass FROM pg_constraint k JOIN tree t ON k.conrelid = t.oid
+            UNION ALL SELECT s.oid, 'pg_statistic_ext'::regclass FROM pg_statistic_ext s JOIN tree t ON s.stxrelid = t.oid)
+        SELECT FROM tree t JOIN pg_class c ON c.oid = t.oid
+         WHERE c.relkind NOT IN ('r', 'p') OR c.relrowsecurity
+        UNION ALL
+        SELECT FROM code o
+          JOIN pg_depend d ON d.classid = o.classid AND d.objid = o.oid
+          JOIN pg_proc p ON (d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid)
+                         OR (d.refclassid = 'pg_operator'::regclass
+                             AND p.oid = (SELECT op.oprcode FROM pg_operator op WHERE op.oid = d.refobjid))
+          JOIN pg_roles r ON r.oid = p.proowner
+          JOIN pg_language l ON l.oid = p.prolang
+         WHERE NOT r.rolsuper AND l.lanname NOT IN ('internal', 'c'))
+    THEN
+        RAISE EXCEPTION 'pg_lease cannot lock rows of % without its library', rel::regclass
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = 'It has row security, a child that is no table, or an index, constraint or statistics object using a function of a role that is no superuser, which reading it could run as the installing role.',
+                  HINT = 'Remove that from the table, or install pg_lease with its library.';
+    END IF;
+    EXECUTE format('SELECT array_agg(l.k)
+                      FROM (SELECT t.%1$I::text AS k FROM %2$s t
+                             WHERE t.%1$I OPERATOR(pg_catalog.=) ANY ($1::%3$s[])
+                             ORDER BY t.%1$I FOR NO KEY UPDATE OF t) l',
+                   key_column, rel::regclass, key_type)
+      INTO locked USING keys;
+    RETURN coalesce(locked, '{}');
+END
+$$;

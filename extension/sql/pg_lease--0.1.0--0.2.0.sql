@@ -450,7 +450,7 @@ the leader's writes commit. Errors: LE001 not held (roll back); 22004 an argumen
 
 -- Functions and views new or changed in 0.2.0 -----------------------------
 
--- In Rust (extension/src/predicate.rs, shared.rs, cron.rs, statement.rs).
+-- In Rust (extension/src/predicate.rs, shared.rs, cron.rs, statement.rs, as_owner.rs).
 CREATE FUNCTION lease."_cron_next"("spec" TEXT, "after" double precision) RETURNS double precision
 IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c
@@ -495,9 +495,20 @@ CREATE FUNCTION lease."_own_transaction"() RETURNS bool
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'own_transaction_wrapper';
+
+CREATE FUNCTION lease."_lock_table_rows"("rel" oid, "key_column" TEXT, "keys" TEXT[]) RETURNS TEXT[]
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lock_table_rows_wrapper';
+
 COMMENT ON FUNCTION lease._own_transaction() IS
 $$Internal: whether the running statement is a transaction of its own (not inside BEGIN ... COMMIT or a
 multi-statement query string), so that a lock it takes is held only until it ends.$$;
+
+COMMENT ON FUNCTION lease._lock_table_rows(oid, text, text[]) IS
+$$Internal (lease.fence): locks the rows of table REL whose KEY_COLUMN is among KEYS, FOR NO KEY UPDATE in
+key order, as the table's owner in a security-restricted operation whose settings are undone, and returns
+the keys it locked; raises 55000 if REL is no longer a table or its key column is gone or retyped.$$;
 
 -- In sql/, in the order of the install script.
 -- head.sql: where claims start (new).
@@ -766,8 +777,6 @@ RETURN CASE WHEN jitter = 'full' THEN lease._backoff(attempt, base, cap) * rando
 
 COMMENT ON FUNCTION lease._retry_delay(integer, interval, interval, text) IS
     'Internal: lease._backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
-
-
 
 CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
@@ -1203,8 +1212,6 @@ your tables.
 Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
 and the caller may not work it.$$;
 
-
-
 CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1272,8 +1279,6 @@ $$;
 
 COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
     'Internal: returns queue, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
-
-
 
 CREATE OR REPLACE FUNCTION lease.enqueue(
     queue    text,
@@ -2480,7 +2485,6 @@ $$Internal part of lease.detach that needs the extension owner's rights: removes
 and its rows. Granted to lease_admin because lease.detach runs as its caller; refuses (42501) unless the
 calling role owns the table.$$;
 
-
 CREATE OR REPLACE FUNCTION lease._delete_queue(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -2653,7 +2657,8 @@ $$;
 COMMENT ON FUNCTION lease._take_write_backs(name, integer) IS
     'Internal part of lease.apply_write_backs: locks up to MAX_ROWS due write-backs of tables the session user owns, counts an attempt on each and returns their ids.';
 
-CREATE OR REPLACE FUNCTION lease._apply_write_back(invoker name, id bigint) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease._write_back_target(invoker name, id bigint)
+RETURNS TABLE (lock_sql text, apply_sql text, key text, outcome text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -2663,8 +2668,8 @@ DECLARE
     target record;
     fn regproc;
 BEGIN
-    SELECT * INTO w FROM lease.write_back b WHERE b.id = _apply_write_back.id;
-    SELECT a.rel, c.relowner, format_type(k.atttypid, NULL) AS key_type,
+    SELECT * INTO w FROM lease.write_back b WHERE b.id = _write_back_target.id;
+    SELECT a.rel, c.relowner, c.relkind, format_type(k.atttypid, NULL) AS key_type,
            lease._attached_key_column(a.queue, a.rel) AS key_col
       INTO target
       FROM lease.attachment a
@@ -2672,36 +2677,86 @@ BEGIN
       JOIN pg_attribute k ON k.attrelid = a.rel AND k.attnum = a.key_attnum
      WHERE a.queue = w.queue;
     IF w.id IS NULL OR target.rel IS NULL THEN
-        RETURN false;
+        RETURN;
     END IF;
     IF target.relowner <> owner THEN
         RAISE EXCEPTION 'write-back % is for table %, which role "%" does not own', id, target.rel, session_user
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    IF target.relkind NOT IN ('r', 'p') OR target.key_col IS NULL THEN
+        RAISE EXCEPTION '% is no longer a table with the key attach saw', target.rel
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Detach it.';
+    END IF;
     fn := lease._outcome_function(w.queue);
+    IF fn IS NULL THEN
+        DELETE FROM lease.write_back b WHERE b.id = w.id;
+        RETURN;
+    END IF;
     -- The key type is one attach supports, so = and the cast are built in.
-    IF target.key_col IS NOT NULL THEN
-        EXECUTE format('SELECT FROM %s t WHERE t.%I = $1::%s FOR NO KEY UPDATE',
-                       target.rel, target.key_col, target.key_type)
-          USING w.key;
+    lock_sql := format('SELECT FROM %s t WHERE t.%I OPERATOR(pg_catalog.=) $1::%s FOR NO KEY UPDATE OF t',
+                       target.rel, target.key_col, target.key_type);
+    apply_sql := format('SELECT %s($1, $2)', fn);
+    key := w.key;
+    outcome := w.outcome::text;
+    RETURN NEXT;
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_target(name, bigint) IS
+$$Internal part of lease.apply_write_backs: the statements that lock the table row of write-back ID and apply
+its on_dead/on_cancel function (with their arguments), for the table's owner to run; no row if the write-back
+is gone (or deleted here, its table having no outcome function any more). 42501 unless the session user owns the table and acts as itself; 55000 if the table is no longer a
+table, or its outcome function is gone or altered.$$;
+
+CREATE OR REPLACE FUNCTION lease._write_back_wanted(invoker name, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+    w lease.write_back;
+BEGIN
+    SELECT b.* INTO w
+      FROM lease.write_back b
+      JOIN lease.attachment a ON a.queue = b.queue
+      JOIN pg_class c ON c.oid = a.rel
+     WHERE b.id = _write_back_wanted.id AND c.relowner = owner;
+    IF w.id IS NULL THEN
+        RETURN false;
     END IF;
     PERFORM FROM lease.job j WHERE j.queue = w.queue AND j.key = w.key FOR SHARE;
     -- Work again under this key (requeued, or a new row) is not undone.
-    IF fn IS NULL OR EXISTS (SELECT FROM lease.job j
-                              WHERE j.queue = w.queue AND j.key = w.key AND j.state IN ('pending', 'leased')) THEN
+    IF EXISTS (SELECT FROM lease.job j
+                WHERE j.queue = w.queue AND j.key = w.key AND j.state IN ('pending', 'leased')) THEN
         DELETE FROM lease.write_back b WHERE b.id = w.id;
         RETURN false;
     END IF;
-    EXECUTE format('SELECT %s($1, $2)', fn) USING w.key, w.outcome::text;
-    DELETE FROM lease.write_back b WHERE b.id = w.id;
     RETURN true;
 END
 $$;
 
-COMMENT ON FUNCTION lease._apply_write_back(name, bigint) IS
-$$Internal part of lease.apply_write_backs: applies write-back ID (the table owner's on_dead/on_cancel function,
-to the row if it still matches) and deletes it; deletes it unapplied if its key has work again. 42501 unless
-the session user owns the table and acts as itself.$$;
+COMMENT ON FUNCTION lease._write_back_wanted(name, bigint) IS
+$$Internal part of lease.apply_write_backs, after the table row is locked: locks the key's lease row and says
+whether write-back ID is still to be applied; deletes it, unapplied, if its key has work again. Acts only on
+tables the session user owns.$$;
+
+CREATE OR REPLACE FUNCTION lease._write_back_applied(invoker name, id bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    owner constant oid := lease._write_back_owner(invoker);
+BEGIN
+    DELETE FROM lease.write_back w
+     WHERE w.id = _write_back_applied.id
+       AND EXISTS (SELECT FROM lease.attachment a JOIN pg_class c ON c.oid = a.rel
+                    WHERE a.queue = w.queue AND c.relowner = owner);
+END
+$$;
+
+COMMENT ON FUNCTION lease._write_back_applied(name, bigint) IS
+    'Internal part of lease.apply_write_backs: deletes write-back ID, applied, of a table the session user owns.';
 
 CREATE OR REPLACE FUNCTION lease._write_back_failed(invoker name, id bigint, error text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2727,12 +2782,20 @@ AS $$
 DECLARE
     me constant name := current_user;
     w bigint;
+    target record;
     handled integer := 0;
     problem text;
 BEGIN
     FOR w IN SELECT * FROM lease._take_write_backs(me, max_rows) LOOP
         BEGIN
-            PERFORM lease._apply_write_back(me, w);
+            SELECT * INTO target FROM lease._write_back_target(me, w);
+            IF FOUND THEN
+                EXECUTE target.lock_sql USING target.key;
+                IF lease._write_back_wanted(me, w) THEN
+                    EXECUTE target.apply_sql USING target.key, target.outcome;
+                    PERFORM lease._write_back_applied(me, w);
+                END IF;
+            END IF;
             SET CONSTRAINTS ALL IMMEDIATE;
         EXCEPTION WHEN OTHERS OR query_canceled THEN
             GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
@@ -2781,19 +2844,15 @@ DECLARE
     locked bigint[] := '{}';
 BEGIN
     FOR target IN
-        SELECT a.queue, a.rel, c.attname, format_type(c.atttypid, NULL) AS type, array_agg(j.key) AS keys
+        SELECT a.queue, a.rel, c.attname, array_agg(j.key) AS keys
           FROM lease.job j
           JOIN lease.attachment a ON a.queue = j.queue
           JOIN pg_attribute c ON c.attrelid = a.rel AND c.attnum = a.key_attnum
          WHERE j.id = ANY (ids)
            AND c.attname = lease._attached_key_column(a.queue, a.rel)
-         GROUP BY a.queue, a.rel, c.attname, c.atttypid
+         GROUP BY a.queue, a.rel, c.attname
     LOOP
-        -- The key type is one attach supports, so = and the cast are built in.
-        EXECUTE format('SELECT array_agg(l.k) FROM (SELECT t.%1$I::text AS k FROM %2$s t WHERE t.%1$I = ANY ($1::%3$s[])
-                         ORDER BY t.%1$I FOR NO KEY UPDATE) l',
-                       target.attname, target.rel, target.type)
-          INTO locked_keys USING target.keys;
+        locked_keys := lease._lock_table_rows(target.rel, target.attname, target.keys);
         locked := locked || ARRAY(SELECT j.id FROM lease.job j
                                    WHERE j.queue = target.queue AND j.key = ANY (locked_keys) AND j.id = ANY (ids));
     END LOOP;
@@ -2802,13 +2861,9 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._lock_attached_rows(bigint[]) IS
-$$Internal: locks the table rows of the attached-table rows among IDS FOR NO KEY UPDATE, in key order; returns
-the ids whose table rows are now locked. The lock order of lease.fence: table row, then lease row.$$;
-
-
-
-
-
+$$Internal: locks the table rows of the attached-table rows among IDS FOR NO KEY UPDATE, in key order, each
+table's as its owner (lease._lock_table_rows); returns the ids whose table rows are now locked. The lock
+order of lease.fence: table row, then lease row.$$;
 COMMENT ON FUNCTION lease._cron_next(text, double precision) IS
 $$Internal (lease.schedule): the first time strictly after AFTER (Unix epoch seconds, UTC) that the cron
 expression SPEC fires, as epoch seconds; NULL if it never fires again. Five fields, or six with seconds
@@ -3453,8 +3508,6 @@ OWNER, QUEUE), in one statement: first one row per element of IDS, in order, wit
 claim columns NULL; then one row per claimed row (of QUEUE), in claim order, with RELEASED NULL. LIMIT 0 only releases.
 Errors: those of the two functions.$$;
 
-
-
 CREATE OR REPLACE FUNCTION lease._count(
     queue     text,
     enqueued  bigint DEFAULT 0,
@@ -3956,7 +4009,9 @@ GRANT EXECUTE ON FUNCTION
     lease.ready_channel(text),
     lease.apply_write_backs(integer),
     lease._take_write_backs(name, integer),
-    lease._apply_write_back(name, bigint),
+    lease._write_back_target(name, bigint),
+    lease._write_back_wanted(name, bigint),
+    lease._write_back_applied(name, bigint),
     lease._write_back_failed(name, bigint, text)
 TO lease_worker;
 

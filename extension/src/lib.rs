@@ -9,6 +9,7 @@
 
 use pgrx::prelude::*;
 
+pub mod as_owner;
 pub mod cron;
 pub mod epoch;
 pub mod launcher;
@@ -71,7 +72,13 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/outcome.sql",
     name = "outcome",
-    requires = ["schema", "check", "transition", shared::reaper_touch]
+    requires = [
+        "schema",
+        "check",
+        "transition",
+        as_owner::lock_table_rows,
+        shared::reaper_touch
+    ]
 );
 pgrx::extension_sql_file!(
     "../../sql/queue.sql",

@@ -411,3 +411,77 @@ async fn the_client_applies_the_write_backs_of_its_role() {
     let status: String = scalar(&pg, "SELECT status FROM items WHERE id = 'x'").await;
     assert_eq!(status, "cancelled");
 }
+
+/// `lease.fence` reads an attached table only as its owner, or not at all.
+/// The tenant's index predicate is an immutable function of no column, which
+/// PostgreSQL's planner runs when it plans a read of the table. With the
+/// library the fence's read runs as the tenant (security_table_owner.rs
+/// attacks it); without it the read would run as the installing role, so
+/// the fence refuses such a table (0A000) before planning anything.
+///
+/// Failed before in both modes: the function ran as the extension owner
+/// (the superuser, or the installing role without the library).
+#[tokio::test]
+async fn fence_reads_an_attached_table_only_as_its_owner() {
+    let cluster = Cluster::start();
+    let su = cluster.connect_to(TEST_DB, SUPERUSER).await;
+    su.batch_execute(
+        "CREATE ROLE tenant LOGIN IN ROLE lease_admin;
+         CREATE SCHEMA t AUTHORIZATION tenant;
+         GRANT USAGE ON SCHEMA t TO PUBLIC;",
+    )
+    .await
+    .expect("roles");
+    let tenant = cluster.connect_to(TEST_DB, "tenant").await;
+    tenant
+        .batch_execute(&format!(
+            "CREATE TABLE t.ran (who text);
+             GRANT INSERT ON t.ran TO PUBLIC;
+             CREATE FUNCTION t.record() RETURNS boolean LANGUAGE plpgsql AS $f$
+             BEGIN
+                 INSERT INTO t.ran VALUES (current_user);
+                 RETURN true;
+             END $f$;
+             CREATE FUNCTION t.folded() RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+             BEGIN
+                 RETURN t.record();
+             END $f$;
+             CREATE TABLE t.items (id text PRIMARY KEY, status text NOT NULL);
+             GRANT SELECT, UPDATE ON t.items TO {};
+             SELECT lease.attach('t.items', $$status = 'new'$$);
+             INSERT INTO t.items VALUES ('a', 'new');
+             CREATE INDEX items_folded ON t.items (status) WHERE t.folded();
+             TRUNCATE t.ran;",
+            test_user()
+        ))
+        .await
+        .expect("the tenant's table");
+    let row = tenant
+        .query_one(
+            "SELECT id, epoch FROM lease.claim_pending(1, '1 hour', 'w', 'items')",
+            &[],
+        )
+        .await
+        .expect("a lease on row 'a'");
+    let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
+    let fenced = su
+        .batch_execute(&format!("BEGIN; SELECT lease.fence({id}, {epoch}); COMMIT"))
+        .await;
+    // Ends the transaction the refusal left open (a warning otherwise).
+    su.batch_execute("ROLLBACK").await.expect("rollback");
+    let ran: Vec<String> = su
+        .query("SELECT who FROM t.ran", &[])
+        .await
+        .expect("t.ran")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(ran.iter().all(|who| who == "tenant"), "{ran:?}");
+    if pg_tests::sql_install_mode() {
+        let err = fenced.expect_err("refused without the library");
+        assert_eq!(sqlstate(&err).as_deref(), Some("0A000"), "{err:?}");
+    } else {
+        fenced.expect("fenced as the tenant");
+        assert_eq!(ran, ["tenant"], "the planner ran it once, as the tenant");
+    }
+}

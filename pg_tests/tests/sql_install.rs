@@ -30,6 +30,7 @@ const STAND_INS: &[&str] = &[
     "_reaper_slot_shortages()",
     "_reaper_last_slot_shortage()",
     "_own_transaction()",
+    "_lock_table_rows(",
 ];
 
 /// A catalog with the installing role's name made neutral, and without the
