@@ -109,6 +109,7 @@ GRANT EXECUTE ON FUNCTION
     -- view's function calls are checked against the reader).
     lease._reaper_slot_shortages(),
     lease._reaper_last_slot_shortage(),
+    lease._sweep_holder(),
     -- lease.metrics' index probes; reads only (SECURITY DEFINER: the
     -- view's readers may not read lease.job).
     lease._queue_head(text)

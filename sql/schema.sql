@@ -131,6 +131,13 @@ CREATE INDEX job_held ON lease.job (queue, concurrency_key, priority DESC, id)
 -- release/renew would walk them; measured: 53 ms per 50-row release).
 CREATE INDEX job_leased ON lease.job (id)
     WHERE state = 'leased';
+-- The leases of one owner in one queue: what ending a bound session's
+-- (session.sql) and reclaim_own look for. Without it, 3,000 bindings of an
+-- ended session read every leased row each, every pass. Renewals change
+-- neither its key nor the state, so they stay HOT; the calls that find rows
+-- by id (release, renew) do not use it.
+CREATE INDEX job_owner ON lease.job (queue, owner)
+    WHERE state = 'leased';
 -- Idempotent enqueue.
 CREATE UNIQUE INDEX job_key ON lease.job (queue, key)
     WHERE key IS NOT NULL;

@@ -45,7 +45,7 @@ END;
 COMMENT ON FUNCTION lease._ended_sessions() IS
     'Internal: the bindings (queue, owner) whose session has ended: its backend is gone, or the server restarted since.';
 
-CREATE FUNCTION lease._end_bound_leases(queue text, owner text) RETURNS bigint
+CREATE FUNCTION lease._end_bound_leases(queue text, owner text, max_rows integer) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -54,21 +54,22 @@ DECLARE
 BEGIN
     -- Expired as of now: the reaper recovers them as it recovers any
     -- expiry (a new epoch, the attempt counted, the retry backoff). Rows
-    -- locked by others are left for the next pass.
+    -- locked by others, and those past MAX_ROWS, are left for the next pass.
     UPDATE lease.job j
        SET lease_until = t
      WHERE j.id = ANY (ARRAY(SELECT b.id
                                FROM lease.job b
                               WHERE b.queue = _end_bound_leases.queue AND b.owner = _end_bound_leases.owner
                                 AND b.state = 'leased' AND b.lease_until > t
+                              LIMIT max_rows
                                 FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS ended = ROW_COUNT;
     RETURN ended;
 END
 $$;
 
-COMMENT ON FUNCTION lease._end_bound_leases(text, text) IS
-    'Internal: sets the leases OWNER holds in QUEUE to expire now (rows locked by others are skipped); returns how many.';
+COMMENT ON FUNCTION lease._end_bound_leases(text, text, integer) IS
+    'Internal: sets up to MAX_ROWS of the leases OWNER holds in QUEUE to expire now (rows locked by others are skipped); returns how many.';
 
 CREATE FUNCTION lease.bind_session(queue text, owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -92,7 +93,7 @@ BEGIN
     -- if the reaper has not got to them yet. A live one (the holder
     -- reconnected while its old backend still ran) hands them over.
     IF FOUND AND EXISTS (SELECT FROM lease._ended_sessions() e WHERE e.queue = q AND e.owner = o) THEN
-        ended := lease._end_bound_leases(q, o);
+        ended := lease._end_bound_leases(q, o, 2147483647);
     END IF;
     -- The reaper looks at this database from now on (lease._next_sweep_due).
     PERFORM lease._reaper_touch(ended);
@@ -123,13 +124,18 @@ DECLARE
     s record;
     ended bigint := 0;
 BEGIN
+    -- Bounded in bindings and in leases: each costs an index probe and the
+    -- rows it ends, and the pass stops at MAX_ROWS of either; the rest wait
+    -- for the next one.
     FOR s IN SELECT se.queue, se.owner
                FROM lease.session se
               WHERE (se.queue, se.owner) IN (SELECT e.queue, e.owner FROM lease._ended_sessions() e)
               LIMIT max_rows
                 FOR UPDATE OF se SKIP LOCKED LOOP
-        ended := ended + lease._end_bound_leases(s.queue, s.owner);
-        -- Kept while a lease locked by someone else still waits for it.
+        EXIT WHEN ended >= max_rows;
+        ended := ended + lease._end_bound_leases(s.queue, s.owner, (max_rows - ended)::integer);
+        -- Kept while a lease of it is left (locked by someone else, or past
+        -- this pass's bound).
         DELETE FROM lease.session se
          WHERE se.queue = s.queue AND se.owner = s.owner
            AND NOT EXISTS (SELECT FROM lease.job j
@@ -141,4 +147,4 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._end_lost_sessions(integer) IS
-    'Internal (lease.sweep, before it reaps): expires the leases bound to up to MAX_ROWS sessions that have ended, and forgets those sessions; returns how many leases.';
+    'Internal (lease.sweep, before it reaps): expires the leases bound to sessions that have ended, up to MAX_ROWS bindings and MAX_ROWS leases a call, and forgets those sessions once none is left; returns how many leases.';

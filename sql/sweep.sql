@@ -71,8 +71,11 @@ BEGIN
     purged := 0;
     -- One sweep per database at a time, and never a wait for another one:
     -- a session that left a sweep open in its transaction must not hold up
-    -- the reaper (nor, through it, other databases).
-    IF NOT pg_try_advisory_xact_lock(hashtext('pg_lease sweep')) THEN
+    -- the reaper (nor, through it, other databases). The lock is the row of
+    -- sweep_state, which only pg_lease's own functions (and superusers) can
+    -- lock: an advisory lock's key any role could take first.
+    PERFORM FROM lease.sweep_state s FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN NEXT;
         RETURN;
     END IF;

@@ -56,13 +56,36 @@ SELECT n.name, n.owner, n.epoch, n.acquired_at, n.lease_until,
 COMMENT ON VIEW lease.holders IS
     'Current holders of named leases (leaders, singletons).';
 
+-- Who holds this database's sweep, if another session does (lease.sweep's
+-- lock is a row lock on sweep_state: its holder's transaction id is the
+-- row's xmax). SECURITY DEFINER: the start of another role's transaction is
+-- hidden from the view's readers otherwise.
+CREATE FUNCTION lease._sweep_holder(OUT pid integer, OUT since timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT l.pid, a.xact_start
+      FROM lease.sweep_state s
+      JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = s.xmax AND l.granted
+      LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.pid <> pg_backend_pid()
+     LIMIT 1;
+END;
+
+COMMENT ON FUNCTION lease._sweep_holder() IS
+    'Internal (lease.reaper_stats): the backend of another session that holds this database''s sweep now, and since when its transaction runs; no row if none.';
+
 CREATE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
        s.last_sweep_at, s.last_duration, s.last_error, s.last_error_at,
        lease._reaper_slot_shortages() AS slot_shortages,
-       to_timestamp(lease._reaper_last_slot_shortage()) AS last_slot_shortage_at
-  FROM lease.sweep_state s;
+       to_timestamp(lease._reaper_last_slot_shortage()) AS last_slot_shortage_at,
+       h.pid AS sweep_held_by, h.since AS sweep_held_since
+  FROM lease.sweep_state s
+  LEFT JOIN lease._sweep_holder() h ON true;
 
 COMMENT ON VIEW lease.reaper_stats IS
 $$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
-last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;
+last error; server-wide, how often the reaper found no free worker slot (NULL: not preloaded); and the
+backend of another session that holds this database's sweep (a lease.sweep() left open in a transaction),
+with its transaction's start: while it holds it, no sweep runs here.$$;

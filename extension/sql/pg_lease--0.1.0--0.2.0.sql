@@ -136,6 +136,10 @@ SELECT j.queue, 0, count(*) FILTER (WHERE j.state = 'pending'), count(*) FILTER 
   FROM lease.job j
  GROUP BY j.queue;
 
+-- The leases of one owner in one queue (schema.sql).
+CREATE INDEX job_owner ON lease.job (queue, owner)
+    WHERE state = 'leased';
+
 -- Claims say when each row became claimable.
 ALTER TYPE lease.claim ADD ATTRIBUTE eligible_at timestamptz;
 COMMENT ON TYPE lease.claim IS
@@ -3077,7 +3081,7 @@ END;
 COMMENT ON FUNCTION lease._ended_sessions() IS
     'Internal: the bindings (queue, owner) whose session has ended: its backend is gone, or the server restarted since.';
 
-CREATE OR REPLACE FUNCTION lease._end_bound_leases(queue text, owner text) RETURNS bigint
+CREATE OR REPLACE FUNCTION lease._end_bound_leases(queue text, owner text, max_rows integer) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -3086,21 +3090,22 @@ DECLARE
 BEGIN
     -- Expired as of now: the reaper recovers them as it recovers any
     -- expiry (a new epoch, the attempt counted, the retry backoff). Rows
-    -- locked by others are left for the next pass.
+    -- locked by others, and those past MAX_ROWS, are left for the next pass.
     UPDATE lease.job j
        SET lease_until = t
      WHERE j.id = ANY (ARRAY(SELECT b.id
                                FROM lease.job b
                               WHERE b.queue = _end_bound_leases.queue AND b.owner = _end_bound_leases.owner
                                 AND b.state = 'leased' AND b.lease_until > t
+                              LIMIT max_rows
                                 FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS ended = ROW_COUNT;
     RETURN ended;
 END
 $$;
 
-COMMENT ON FUNCTION lease._end_bound_leases(text, text) IS
-    'Internal: sets the leases OWNER holds in QUEUE to expire now (rows locked by others are skipped); returns how many.';
+COMMENT ON FUNCTION lease._end_bound_leases(text, text, integer) IS
+    'Internal: sets up to MAX_ROWS of the leases OWNER holds in QUEUE to expire now (rows locked by others are skipped); returns how many.';
 
 CREATE OR REPLACE FUNCTION lease.bind_session(queue text, owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -3124,7 +3129,7 @@ BEGIN
     -- if the reaper has not got to them yet. A live one (the holder
     -- reconnected while its old backend still ran) hands them over.
     IF FOUND AND EXISTS (SELECT FROM lease._ended_sessions() e WHERE e.queue = q AND e.owner = o) THEN
-        ended := lease._end_bound_leases(q, o);
+        ended := lease._end_bound_leases(q, o, 2147483647);
     END IF;
     -- The reaper looks at this database from now on (lease._next_sweep_due).
     PERFORM lease._reaper_touch(ended);
@@ -3155,13 +3160,18 @@ DECLARE
     s record;
     ended bigint := 0;
 BEGIN
+    -- Bounded in bindings and in leases: each costs an index probe and the
+    -- rows it ends, and the pass stops at MAX_ROWS of either; the rest wait
+    -- for the next one.
     FOR s IN SELECT se.queue, se.owner
                FROM lease.session se
               WHERE (se.queue, se.owner) IN (SELECT e.queue, e.owner FROM lease._ended_sessions() e)
               LIMIT max_rows
                 FOR UPDATE OF se SKIP LOCKED LOOP
-        ended := ended + lease._end_bound_leases(s.queue, s.owner);
-        -- Kept while a lease locked by someone else still waits for it.
+        EXIT WHEN ended >= max_rows;
+        ended := ended + lease._end_bound_leases(s.queue, s.owner, (max_rows - ended)::integer);
+        -- Kept while a lease of it is left (locked by someone else, or past
+        -- this pass's bound).
         DELETE FROM lease.session se
          WHERE se.queue = s.queue AND se.owner = s.owner
            AND NOT EXISTS (SELECT FROM lease.job j
@@ -3173,7 +3183,19 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._end_lost_sessions(integer) IS
-    'Internal (lease.sweep, before it reaps): expires the leases bound to up to MAX_ROWS sessions that have ended, and forgets those sessions; returns how many leases.';
+    'Internal (lease.sweep, before it reaps): expires the leases bound to sessions that have ended, up to MAX_ROWS bindings and MAX_ROWS leases a call, and forgets those sessions once none is left; returns how many leases.';
+CREATE OR REPLACE FUNCTION lease._log_reaped(queue text, requeued bigint, dead bigint, cancelled bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    RAISE LOG 'pg_lease: expired leases in queue "%" of database "%": % back to pending, % dead-lettered, % cancelled',
+        queue, current_database(), requeued, dead, cancelled;
+    RETURN requeued + dead + cancelled;
+END
+$$;
+
+COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
+    'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
 
 CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
 RETURNS TABLE (recovered bigint, purged bigint)
@@ -3195,8 +3217,11 @@ BEGIN
     purged := 0;
     -- One sweep per database at a time, and never a wait for another one:
     -- a session that left a sweep open in its transaction must not hold up
-    -- the reaper (nor, through it, other databases).
-    IF NOT pg_try_advisory_xact_lock(hashtext('pg_lease sweep')) THEN
+    -- the reaper (nor, through it, other databases). The lock is the row of
+    -- sweep_state, which only pg_lease's own functions (and superusers) can
+    -- lock: an advisory lock's key any role could take first.
+    PERFORM FROM lease.sweep_state s FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN NEXT;
         RETURN;
     END IF;
@@ -3266,19 +3291,6 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION lease._log_reaped(queue text, requeued bigint, dead bigint, cancelled bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    RAISE LOG 'pg_lease: expired leases in queue "%" of database "%": % back to pending, % dead-lettered, % cancelled',
-        queue, current_database(), requeued, dead, cancelled;
-    RETURN requeued + dead + cancelled;
-END
-$$;
-
-COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
-    'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
-
 COMMENT ON FUNCTION lease.sweep(integer) IS
 $$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
 of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
@@ -3308,16 +3320,35 @@ RETURN least(
 COMMENT ON FUNCTION lease._next_sweep_due() IS
     'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes.';
 
+CREATE OR REPLACE FUNCTION lease._sweep_holder(OUT pid integer, OUT since timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT l.pid, a.xact_start
+      FROM lease.sweep_state s
+      JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = s.xmax AND l.granted
+      LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+     WHERE l.pid <> pg_backend_pid()
+     LIMIT 1;
+END;
+
+COMMENT ON FUNCTION lease._sweep_holder() IS
+    'Internal (lease.reaper_stats): the backend of another session that holds this database''s sweep now, and since when its transaction runs; no row if none.';
+
 CREATE OR REPLACE VIEW lease.reaper_stats AS
 SELECT current_database() AS database, s.sweeps, s.recovered, s.purged,
        s.last_sweep_at, s.last_duration, s.last_error, s.last_error_at,
        lease._reaper_slot_shortages() AS slot_shortages,
-       to_timestamp(lease._reaper_last_slot_shortage()) AS last_slot_shortage_at
-  FROM lease.sweep_state s;
+       to_timestamp(lease._reaper_last_slot_shortage()) AS last_slot_shortage_at,
+       h.pid AS sweep_held_by, h.since AS sweep_held_since
+  FROM lease.sweep_state s
+  LEFT JOIN lease._sweep_holder() h ON true;
 
 COMMENT ON VIEW lease.reaper_stats IS
 $$Housekeeping in this database: sweeps run, leases recovered, rows purged, last sweep time and duration,
-last error; and, server-wide, how often the reaper found no free worker slot (NULL: not preloaded).$$;
+last error; server-wide, how often the reaper found no free worker slot (NULL: not preloaded); and the
+backend of another session that holds this database's sweep (a lease.sweep() left open in a transaction),
+with its transaction's start: while it holds it, no sweep runs here.$$;
 
 COMMENT ON FUNCTION lease._reaper_touch(bigint) IS
 $$Internal: tells the preloaded reaper, when the current transaction commits, that this database may
@@ -4038,6 +4069,7 @@ GRANT EXECUTE ON FUNCTION
     lease._qualified_predicate(oid, oid, text),
     lease._reaper_slot_shortages(),
     lease._reaper_last_slot_shortage(),
+    lease._sweep_holder(),
     lease._queue_head(text)
 TO lease_admin;
 

@@ -6,12 +6,14 @@
 //! per database: a worker connected to a database makes a plain
 //! `DROP DATABASE` fail, and one per database would hold
 //! `max_worker_processes` slots forever. A sweeper lives for one pass (a few
-//! milliseconds), the launcher starts them one at a time, so the reaper
-//! uses at most three worker slots (its own, the [reserve](crate::reserve)'s, one
-//! sweeper's), and `DROP DATABASE` (which waits up to 5 s for other
-//! sessions to leave) is never blocked. When parallel query has taken every
-//! free slot, the reserve sweeps instead. The launcher never connects to
-//! a template, so `CREATE DATABASE` is not blocked either.
+//! milliseconds), and `DROP DATABASE` (which waits up to 5 s for other
+//! sessions to leave) is never blocked. The launcher does not wait for a
+//! sweeper: up to three run side by side, one per database ([`Sweeps`]), so
+//! a database whose sweep takes long delays none of the others, and the
+//! reaper uses at most five worker slots (its own, the
+//! [reserve](crate::reserve)'s, three sweepers'). When parallel query has
+//! taken every free slot, the reserve sweeps instead. The launcher never
+//! connects to a template, so `CREATE DATABASE` is not blocked either.
 //!
 //! Databases without pg_lease, and idle ones with it, cost next to nothing:
 //! the launcher remembers what each sweeper found ([`shared`]): whether
@@ -48,9 +50,10 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 
+use crate::settings;
 use crate::shared::{self, Verdict};
+use crate::sweeps::Sweeps;
 use crate::vacuum::Mark;
-use crate::{settings, sweeper};
 
 /// `backend_type` of the launcher in `pg_stat_activity`.
 pub const LAUNCHER_TYPE: &str = "pg_lease launcher";
@@ -81,9 +84,10 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
     log!("pg_lease launcher started (lists databases from \"{home}\")");
 
     let mut known = Known::default();
-    // A request that came while a sweeper ran lost its latch wake-up (the
-    // wait for the sweeper reset the latch): such a pass starts at once.
-    // (With the reaper off the requests are never taken: no hurry then.)
+    let mut sweeps = Sweeps::default();
+    // A request that came while the launcher was busy lost its latch
+    // wake-up: such a pass starts at once. (With the reaper off the
+    // requests are never taken: no hurry then.)
     let wait = |known: &Known| {
         if settings::REAPER_ENABLED.get() && shared::pass_requested() {
             Duration::ZERO
@@ -98,6 +102,20 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
         }
         if let Some(oid) = shared::take_discovery() {
             known.rediscover(oid);
+        }
+        // The sweeps that ended since the last wake (a sweeper's exit sets
+        // this latch): what they found.
+        for ended in sweeps.finished() {
+            let findings = ended.findings;
+            known.record(
+                ended.oid,
+                findings.verdict,
+                findings.next_due_ms,
+                findings.vacuumed,
+            );
+            if ended.again {
+                known.look_after(ended.oid, Duration::ZERO);
+            }
         }
         if !settings::REAPER_ENABLED.get() {
             continue;
@@ -124,11 +142,18 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
             let woken = shared::touched(&woken, oid);
             let touched =
                 shared::touched(&touched, oid) || (woken && known.looked_before(oid, DUE_GAP));
-            if known.due(oid, touched, hot) {
-                shared::clear_verdict();
-                sweeper::sweep(oid, &name, known.vacuumed(oid));
-                let verdict = shared::take_verdict(oid);
-                known.record(oid, verdict, shared::next_due(), shared::take_vacuumed());
+            if sweeps.running(oid) {
+                // Its sweep may have started before what asked: once more
+                // when it ends.
+                if touched || woken || hot {
+                    sweeps.again(oid);
+                }
+            } else if known.due(oid, touched, hot) {
+                // Not started: it stays due (a touch is kept as a due
+                // time), and an ending sweep wakes the launcher.
+                if sweeps.start(oid, &name, known.vacuumed(oid)).is_err() && touched {
+                    known.look_after(oid, Duration::ZERO);
+                }
             } else if woken {
                 // Looked at too recently: the wake is kept as a due time.
                 known.look_after(oid, DUE_GAP);

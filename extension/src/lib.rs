@@ -10,6 +10,7 @@
 use pgrx::prelude::*;
 
 pub mod as_owner;
+pub mod bounded;
 pub mod cron;
 pub mod epoch;
 pub mod launcher;
@@ -19,6 +20,7 @@ pub mod settings;
 pub mod shared;
 pub mod statement;
 pub mod sweeper;
+pub mod sweeps;
 pub mod vacuum;
 pub mod write_back;
 
@@ -190,6 +192,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     settings::define();
     shared::init();
+    write_back::init();
     launcher::register();
     reserve::register();
 }

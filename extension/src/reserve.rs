@@ -6,13 +6,15 @@
 //! its own session. A static worker's slot is its own from server start, so
 //! the reserve waits, unconnected, until the launcher finds no free slot
 //! for a sweeper and hands it that database instead. It then sweeps exactly
-//! as a sweeper would ([`sweeper::run`]) and exits with code 1, which makes
-//! the postmaster start it again at once (a worker can connect to only one
+//! as a sweeper would ([`sweeper::run`]), reporting into a slot of its own
+//! ([`shared::RESERVE_SLOT`]), and exits with code 1, which makes the
+//! postmaster start it again at once (a worker can connect to only one
 //! database in its life), ready for the next hand-off.
 //!
 //! The hand-off is one word in shared memory, [`ASK`]: the launcher puts a
-//! database in it ([`sweep`]), the reserve marks it taken, and its exit
-//! clears it, however the sweep ended. A reserve that does not take it
+//! database in it ([`ask`]), the reserve marks it taken, and its exit
+//! clears it, however the sweep ended, and wakes the launcher, which does
+//! not wait for the sweep meanwhile ([`busy`]). A reserve that does not take it
 //! within [`PICKUP`] (not running: `max_worker_processes` too small to
 //! register it, or it is restarting) gets nothing, and the sweep counts as
 //! a slot shortage.
@@ -75,10 +77,11 @@ pub fn register() {
         .load();
 }
 
-/// Launcher side, when no slot was free for a sweeper: has the reserve
-/// sweep database `oid` and waits until it is done. False if the reserve
-/// did not take it.
-pub fn sweep(oid: pg_sys::Oid, vacuumed: vacuum::Mark) -> bool {
+/// Launcher side, when no slot was free for a sweeper: hands database
+/// `oid` to the reserve, waiting at most [`PICKUP`] for it to take it, and
+/// does not wait for the sweep: [`busy`] says when it is over. False if the
+/// reserve did not take it (busy, or not running).
+pub fn ask(oid: pg_sys::Oid, vacuumed: vacuum::Mark) -> bool {
     if !shared::preloaded() || !STARTED.get().load(Ordering::Acquire) {
         return false;
     }
@@ -100,14 +103,12 @@ pub fn sweep(oid: pg_sys::Oid, vacuumed: vacuum::Mark) -> bool {
     let asked_at = Instant::now();
     loop {
         let word = ASK.get().load(Ordering::Acquire);
-        if word == 0 {
+        if word & TAKEN != 0 || word == 0 {
             return true;
         }
-        if word & TAKEN == 0 {
-            // Again each time: a reserve that was restarting missed it.
-            set_latch(&RESERVE_LATCH);
-        }
-        if word & TAKEN == 0 && asked_at.elapsed() >= PICKUP {
+        // Again each time: a reserve that was restarting missed it.
+        set_latch(&RESERVE_LATCH);
+        if asked_at.elapsed() >= PICKUP {
             // Withdrawn, unless it was taken this very moment.
             if ASK
                 .get()
@@ -122,6 +123,12 @@ pub fn sweep(oid: pg_sys::Oid, vacuumed: vacuum::Mark) -> bool {
             return true;
         }
     }
+}
+
+/// Launcher side: whether the reserve is still sweeping what it took (its
+/// exit clears the hand-off and sets the asking launcher's latch).
+pub fn busy() -> bool {
+    shared::preloaded() && ASK.get().load(Ordering::Acquire) != 0
 }
 
 /// Entry point of the reserve process.
@@ -148,6 +155,7 @@ pub extern "C-unwind" fn pg_lease_reserve_main(_arg: pg_sys::Datum) {
         horizon: u32::try_from(MARK_HORIZON.get().load(Ordering::Relaxed)).unwrap_or(0),
         moved: MARK_MOVED.get().load(Ordering::Relaxed),
     };
+    shared::report_into(shared::RESERVE_SLOT);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
     sweeper::run(oid, mark);
     unsafe { pg_sys::proc_exit(1) };

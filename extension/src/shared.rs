@@ -2,7 +2,8 @@
 //!
 //! The launcher must learn which databases have pg_lease without connecting
 //! to each of them every pass: a sweeper reports what it found in its
-//! database ([`report`], read back by [`take_verdict`]), and
+//! database into a slot of its own ([`report`], read back by
+//! [`take_findings`]; several sweeps run at once), and
 //! `CREATE EXTENSION` asks the launcher to look at its database now
 //! ([`request_discovery`]) instead of at the next rare re-check.
 //!
@@ -33,23 +34,35 @@ use crate::vacuum::Mark;
 /// tells every process whether the shared state below exists.
 static PRELOADED: AtomicBool = AtomicBool::new(false);
 
-/// The last sweeper's finding: `oid << 8 | verdict`. The launcher runs one
-/// sweeper at a time and clears this before starting it.
-static VERDICT: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease sweep verdict") };
+/// How many sweeps may run at once: the sweepers the launcher runs side by
+/// side, and the reserve ([`RESERVE_SLOT`]). Each reports into a slot of
+/// its own ([`report`]).
+pub const SWEEP_SLOTS: usize = 4;
 
-/// When the last sweeper's database next has work, in milliseconds since
-/// the Unix epoch (0: nothing is due until something changes). Written
-/// before the verdict, read after it.
-static NEXT_DUE: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease next due") };
+/// The slot the reserve reports into; the launcher's sweepers use the others.
+pub const RESERVE_SLOT: usize = SWEEP_SLOTS - 1;
 
-/// The removal horizon the last sweeper vacuumed `lease.job` at
+/// Each slot's finding: `oid << 8 | verdict`. The launcher clears a slot
+/// before it starts a sweep in it.
+static VERDICT: PgAtomic<[AtomicU64; SWEEP_SLOTS]> =
+    unsafe { PgAtomic::new(c"pg_lease sweep verdict") };
+
+/// When the slot's database next has work, in milliseconds since the Unix
+/// epoch (0: nothing is due until something changes). Written before the
+/// verdict, read after it.
+static NEXT_DUE: PgAtomic<[AtomicU64; SWEEP_SLOTS]> =
+    unsafe { PgAtomic::new(c"pg_lease next due") };
+
+/// The removal horizon the slot's sweep vacuumed `lease.job` at
 /// ([`crate::vacuum`]); `NOT_VACUUMED` when it did not vacuum.
-static VACUUM_HORIZON: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease vacuum horizon") };
+static VACUUM_HORIZON: PgAtomic<[AtomicU64; SWEEP_SLOTS]> =
+    unsafe { PgAtomic::new(c"pg_lease vacuum horizon") };
 const NOT_VACUUMED: u64 = u64::MAX;
 
 /// The rest of that vacuum's [`Mark`]: the counters' moved rows. Written
 /// before the horizon, read after it.
-static VACUUM_MOVED: PgAtomic<AtomicI64> = unsafe { PgAtomic::new(c"pg_lease vacuum moved") };
+static VACUUM_MOVED: PgAtomic<[AtomicI64; SWEEP_SLOTS]> =
+    unsafe { PgAtomic::new(c"pg_lease vacuum moved") };
 
 /// Bit `oid % TOUCH_BITS` is set when a transaction of that database that
 /// may have created work for the reaper commits. Collisions only cost an
@@ -96,10 +109,10 @@ pub enum Verdict {
 
 /// Reserves the shared state; call from `_PG_init` while preloading.
 pub fn init() {
-    pg_shmem_init!(VERDICT = AtomicU64::new(0));
-    pg_shmem_init!(NEXT_DUE = AtomicU64::new(0));
-    pg_shmem_init!(VACUUM_HORIZON = AtomicU64::new(NOT_VACUUMED));
-    pg_shmem_init!(VACUUM_MOVED = AtomicI64::new(0));
+    pg_shmem_init!(VERDICT = std::array::from_fn(|_| AtomicU64::new(0)));
+    pg_shmem_init!(NEXT_DUE = std::array::from_fn(|_| AtomicU64::new(0)));
+    pg_shmem_init!(VACUUM_HORIZON = std::array::from_fn(|_| AtomicU64::new(NOT_VACUUMED)));
+    pg_shmem_init!(VACUUM_MOVED = std::array::from_fn(|_| AtomicI64::new(0)));
     pg_shmem_init!(TOUCHED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(CLAIMED = std::array::from_fn(|_| AtomicU64::new(0)));
     pg_shmem_init!(HOT = std::array::from_fn(|_| AtomicU64::new(0)));
@@ -116,6 +129,21 @@ pub fn preloaded() -> bool {
     PRELOADED.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// The slot this process reports into: a sweeper's is in its start
+    /// arguments, the reserve's is [`RESERVE_SLOT`].
+    static MY_SLOT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Sweeper side: the slot its findings go to.
+pub fn report_into(slot: usize) {
+    MY_SLOT.with(|s| s.set(slot.min(SWEEP_SLOTS - 1)));
+}
+
+fn my_slot() -> usize {
+    MY_SLOT.with(Cell::get)
+}
+
 /// Sweeper side: records what it found in database `oid`.
 pub fn report(oid: pg_sys::Oid, verdict: Verdict) {
     if preloaded() {
@@ -123,9 +151,7 @@ pub fn report(oid: pg_sys::Oid, verdict: Verdict) {
             Verdict::Installed => 1,
             Verdict::Absent => 2,
         };
-        VERDICT
-            .get()
-            .store((u64::from(oid.to_u32()) << 8) | code, Ordering::Release);
+        VERDICT.get()[my_slot()].store((u64::from(oid.to_u32()) << 8) | code, Ordering::Release);
     }
 }
 
@@ -133,42 +159,66 @@ pub fn report(oid: pg_sys::Oid, verdict: Verdict) {
 /// or `None` if nothing is due until something changes.
 pub fn report_next_due(due_ms: Option<u64>) {
     if preloaded() {
-        NEXT_DUE.get().store(due_ms.unwrap_or(0), Ordering::Release);
-    }
-}
-
-/// Launcher side, after the sweeper exited: when its database next has work.
-pub fn next_due() -> Option<u64> {
-    if !preloaded() {
-        return None;
-    }
-    match NEXT_DUE.get().swap(0, Ordering::AcqRel) {
-        0 => None,
-        ms => Some(ms),
+        NEXT_DUE.get()[my_slot()].store(due_ms.unwrap_or(0), Ordering::Release);
     }
 }
 
 /// Sweeper side: it vacuumed `lease.job` at `mark`.
 pub fn report_vacuumed(mark: Mark) {
     if preloaded() {
-        VACUUM_MOVED.get().store(mark.moved, Ordering::Release);
-        VACUUM_HORIZON
-            .get()
-            .store(u64::from(mark.horizon), Ordering::Release);
+        let slot = my_slot();
+        VACUUM_MOVED.get()[slot].store(mark.moved, Ordering::Release);
+        VACUUM_HORIZON.get()[slot].store(u64::from(mark.horizon), Ordering::Release);
     }
 }
 
-/// Launcher side, after the sweeper exited: the mark it vacuumed at, if it
-/// vacuumed.
-pub fn take_vacuumed() -> Option<Mark> {
-    if !preloaded() {
-        return None;
+/// What a sweep reported, read back by the launcher once it ended.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Findings {
+    /// Whether pg_lease is there; `None` if the sweep ended before it could
+    /// tell.
+    pub verdict: Option<Verdict>,
+    /// When the database next has work (ms since the Unix epoch).
+    pub next_due_ms: Option<u64>,
+    /// Where it vacuumed `lease.job`, if it did.
+    pub vacuumed: Option<Mark>,
+}
+
+/// Launcher side: forgets what slot `slot` held before a sweep starts in it.
+pub fn clear_findings(slot: usize) {
+    if preloaded() {
+        VERDICT.get()[slot].store(0, Ordering::Release);
+        NEXT_DUE.get()[slot].store(0, Ordering::Release);
+        VACUUM_HORIZON.get()[slot].store(NOT_VACUUMED, Ordering::Release);
     }
-    let horizon = VACUUM_HORIZON.get().swap(NOT_VACUUMED, Ordering::AcqRel);
-    let moved = VACUUM_MOVED.get().load(Ordering::Acquire);
-    u32::try_from(horizon)
+}
+
+/// Launcher side, once the sweep of `oid` in slot `slot` ended: what it
+/// reported, clearing the slot.
+pub fn take_findings(slot: usize, oid: pg_sys::Oid) -> Findings {
+    if !preloaded() {
+        return Findings::default();
+    }
+    let word = VERDICT.get()[slot].swap(0, Ordering::AcqRel);
+    let verdict = match (word >> 8 == u64::from(oid.to_u32()), word & 0xff) {
+        (true, 1) => Some(Verdict::Installed),
+        (true, 2) => Some(Verdict::Absent),
+        _ => None,
+    };
+    let next_due_ms = match NEXT_DUE.get()[slot].swap(0, Ordering::AcqRel) {
+        0 => None,
+        ms => Some(ms),
+    };
+    let horizon = VACUUM_HORIZON.get()[slot].swap(NOT_VACUUMED, Ordering::AcqRel);
+    let moved = VACUUM_MOVED.get()[slot].load(Ordering::Acquire);
+    let vacuumed = u32::try_from(horizon)
         .ok()
-        .map(|horizon| Mark { horizon, moved })
+        .map(|horizon| Mark { horizon, moved });
+    Findings {
+        verdict,
+        next_due_ms,
+        vacuumed,
+    }
 }
 
 /// Launcher side, once per full pass: which databases were touched since
@@ -317,42 +367,25 @@ fn wake_launcher() {
     }
 }
 
-/// Launcher side: forgets any earlier verdict before a sweeper starts.
-pub fn clear_verdict() {
-    if preloaded() {
-        VERDICT.get().store(0, Ordering::Release);
-        NEXT_DUE.get().store(0, Ordering::Release);
-        VACUUM_HORIZON.get().store(NOT_VACUUMED, Ordering::Release);
-    }
-}
-
-/// Launcher side: what the sweeper of `oid` reported, if it got that far.
-pub fn take_verdict(oid: pg_sys::Oid) -> Option<Verdict> {
+/// Counts a worker of the reaper (a sweeper, a write-back worker) that
+/// could not start for want of a worker slot. True for the first such
+/// shortage in [`SHORTAGE_WARNING_GAP`]: the caller warns then, and only
+/// then, so that a lasting shortage costs one log line a minute, not one a
+/// pass.
+pub fn count_slot_shortage() -> bool {
     if !preloaded() {
-        return None;
+        return true;
     }
-    let word = VERDICT.get().swap(0, Ordering::AcqRel);
-    if word >> 8 != u64::from(oid.to_u32()) {
-        return None;
-    }
-    match word & 0xff {
-        1 => Some(Verdict::Installed),
-        2 => Some(Verdict::Absent),
-        _ => None,
-    }
+    SLOT_SHORTAGES.get().fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let before = LAST_SLOT_SHORTAGE.get().swap(now, Ordering::Relaxed);
+    now.saturating_sub(before) >= SHORTAGE_WARNING_GAP.as_secs()
 }
 
-/// Launcher side: counts a sweeper that could not start for want of a
-/// worker slot.
-pub fn count_slot_shortage() {
-    if preloaded() {
-        SLOT_SHORTAGES.get().fetch_add(1, Ordering::Relaxed);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        LAST_SLOT_SHORTAGE.get().store(now, Ordering::Relaxed);
-    }
-}
+/// The least time between two warnings of a worker slot shortage.
+pub const SHORTAGE_WARNING_GAP: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Sweeps the reaper could not start for want of a worker slot since the
 /// server started; NULL where pg_lease is not preloaded.

@@ -1,44 +1,50 @@
 //! The sweeper: a short-lived background worker that runs `lease.sweep()`
 //! in one database, in a few bounded transactions, and exits.
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, DynamicBackgroundWorker, SignalWakeFlags,
+};
 use pgrx::prelude::*;
 
+use crate::bounded::{self, Limits};
 use crate::shared::{self, Verdict};
-use crate::{reserve, settings, vacuum, write_back};
+use crate::{settings, vacuum, write_back};
 
 /// `backend_type` of a sweeper in `pg_stat_activity`.
 pub const SWEEPER_TYPE: &str = "pg_lease sweeper";
 
-/// Starts a sweeper for database `oid` and waits until it is done. Called by
-/// the launcher, one database at a time; `vacuumed` is where the last
-/// vacuum of its `lease.job` ran ([`vacuum::due`]).
-pub fn sweep(oid: pg_sys::Oid, name: &str, vacuumed: vacuum::Mark) {
-    let started = BackgroundWorkerBuilder::new(&format!("{SWEEPER_TYPE} {name}"))
+/// The bounds of one batch of a sweep. A sweep never waits on rows (SKIP
+/// LOCKED) nor on another sweep (it skips the pass); these bound the rest,
+/// so that one stuck database holds one sweeper for at most
+/// `MAX_BATCHES_PER_SWEEP` such batches, while the others are swept beside
+/// it.
+const LIMITS: Limits = Limits {
+    statement: Duration::from_secs(10),
+    lock: Duration::from_millis(200),
+};
+
+/// Starts a sweeper for database `oid` reporting into `slot` (see
+/// [`shared::report`]), notifying the calling launcher when it exits, and
+/// does not wait for it; `vacuumed` is where the last vacuum of its
+/// `lease.job` ran ([`vacuum::due`]). `None` when no worker slot is free.
+pub fn start(
+    oid: pg_sys::Oid,
+    name: &str,
+    vacuumed: vacuum::Mark,
+    slot: usize,
+) -> Option<DynamicBackgroundWorker> {
+    BackgroundWorkerBuilder::new(&format!("{SWEEPER_TYPE} {name}"))
         .set_type(SWEEPER_TYPE)
         .set_library("pg_lease")
         .set_function("pg_lease_sweeper_main")
         .set_argument(oid.into_datum())
-        .set_extra(&vacuumed.encode())
+        .set_extra(&format!("{slot} {}", vacuumed.encode()))
         .enable_spi_access()
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
-        .load_dynamic();
-    match started {
-        // A sweeper that fails (ERROR, FATAL, terminated) affects only its
-        // own database; the launcher moves on to the next one.
-        Ok(worker) => {
-            let _ = worker.wait_for_shutdown();
-        }
-        // Every slot is taken (parallel query, say): the reserve's is not.
-        Err(_) => {
-            shared::count_slot_shortage();
-            if !reserve::sweep(oid, vacuumed) {
-                warning!(
-                    "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
-                );
-            }
-        }
-    }
+        .load_dynamic()
+        .ok()
 }
 
 /// Entry point of a sweeper process; the argument is the database's oid.
@@ -56,8 +62,12 @@ pub extern "C-unwind" fn pg_lease_sweeper_main(arg: pg_sys::Datum) {
     let Some(oid) = (unsafe { pg_sys::Oid::from_datum(arg, false) }) else {
         return;
     };
+    let (slot, mark) = BackgroundWorker::get_extra()
+        .split_once(' ')
+        .unwrap_or(("0", ""));
+    shared::report_into(slot.parse().unwrap_or(0));
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
-    run(oid, vacuum::Mark::decode(BackgroundWorker::get_extra()));
+    run(oid, vacuum::Mark::decode(mark));
 }
 
 /// The work of a sweeper, in the database this worker is connected to
@@ -69,9 +79,9 @@ pub fn run(oid: pg_sys::Oid, before: vacuum::Mark) {
     for _ in 0..settings::MAX_BATCHES_PER_SWEEP {
         // One short transaction per batch: its timestamps are fresh and it
         // holds row locks only briefly.
-        match BackgroundWorker::transaction(|| sweep_once(oid, batch)) {
+        match bounded::transaction(LIMITS, || sweep_once(oid, batch)) {
             Batch::Full if !BackgroundWorker::sigterm_received() => continue,
-            Batch::Full | Batch::Partial => break,
+            Batch::Full | Batch::Partial | Batch::Held => break,
             Batch::Skipped => return,
         }
     }
@@ -95,6 +105,9 @@ enum Batch {
     Full,
     /// It swept what there was.
     Partial,
+    /// Another session holds this database's sweep (lease.reaper_stats
+    /// names it): looked at again in a sweep interval.
+    Held,
     /// pg_lease is not installed, or the sweep failed.
     Skipped,
 }
@@ -125,15 +138,26 @@ fn sweep_once(oid: pg_sys::Oid, batch: i32) -> Batch {
         if !installed {
             return Ok(Batch::Skipped);
         }
-        // A sweep never waits on rows (SKIP LOCKED) nor on another sweep
-        // (it skips the pass); these bound the rest, so that one stuck
-        // database delays the others by at most a fraction of a second.
-        client.update(
-            "SET LOCAL lock_timeout = '200ms'; SET LOCAL statement_timeout = '60s';
-             SET LOCAL ROLE lease_admin",
-            None,
-            &[],
-        )?;
+        // The sweep's own lock (a row only pg_lease's roles can lock, see
+        // lease.sweep), taken here first so that a held one is known.
+        let held = client
+            .update(
+                "SELECT FROM lease.sweep_state FOR UPDATE SKIP LOCKED",
+                None,
+                &[],
+            )?
+            .is_empty();
+        if held {
+            let later = SystemTime::now() + settings::sweep_interval();
+            shared::report_next_due(
+                later
+                    .duration_since(UNIX_EPOCH)
+                    .ok()
+                    .and_then(|d| u64::try_from(d.as_millis()).ok()),
+            );
+            return Ok(Batch::Held);
+        }
+        client.update("SET LOCAL ROLE lease_admin", None, &[])?;
         let (recovered, purged) = client
             .update(
                 "SELECT recovered, purged FROM lease.sweep($1)",
