@@ -256,6 +256,26 @@ pub struct DeadLetter {
     pub finished_at: Option<SystemTime>,
 }
 
+/// One dead letter without its payload, as
+/// [`Client::dead_letter_summaries`](crate::Client::dead_letter_summaries)
+/// lists them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterSummary {
+    /// Row id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Idempotency key, if any.
+    pub key: Option<String>,
+    /// Attempts spent.
+    pub attempts: i32,
+    /// Last error recorded, cut after its first 2,000 characters (a cut
+    /// one ends in `…`).
+    pub last_error: Option<String>,
+    /// When it died (database clock).
+    pub finished_at: Option<SystemTime>,
+}
+
 /// What one `lease.reap` recovered in one queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reaped {
@@ -400,6 +420,69 @@ pub struct JobRecord {
     pub finished_at: Option<SystemTime>,
     /// `enqueue`'s `unique_key`, if any.
     pub unique_key: Option<String>,
+}
+
+/// Every column of one `lease.job` row but its payload, as
+/// [`Client::job_summaries`](crate::Client::job_summaries) lists them and
+/// [`Client::job_preview`](crate::Client::job_preview) reads one: what a
+/// listing shows, without payloads whose size only the queue's
+/// `max_payload_bytes` bounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSummary {
+    /// Row id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Idempotency key (an attached table's primary key as text), if any.
+    pub key: Option<String>,
+    /// State.
+    pub state: crate::JobState,
+    /// Higher is claimed first.
+    pub priority: i32,
+    /// Claim order after priority (an attached table's `order_by` value).
+    pub rank: i64,
+    /// A pending row is claimable from this time on (database clock).
+    pub next_at: SystemTime,
+    /// Claims that spent an attempt.
+    pub attempt: i32,
+    /// Fencing epoch of the current or last lease.
+    pub epoch: i64,
+    /// Owner of the current or last lease.
+    pub owner: Option<String>,
+    /// End of the current or last lease.
+    pub lease_until: Option<SystemTime>,
+    /// `lease.cancel` was called while it was leased.
+    pub cancel_requested: bool,
+    /// Last error recorded by a release, cut after its first 2,000
+    /// characters (a cut one ends in `…`).
+    pub last_error: Option<String>,
+    /// When it was enqueued (database clock).
+    pub created_at: SystemTime,
+    /// When it finished, if it has.
+    pub finished_at: Option<SystemTime>,
+    /// `enqueue`'s `unique_key`, if any.
+    pub unique_key: Option<String>,
+}
+
+/// One row and the start of its payload, as
+/// [`Client::job_preview`](crate::Client::job_preview) reads it: the rest
+/// of the payload stays in the database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobPreview {
+    /// The row's other columns.
+    pub job: JobSummary,
+    /// The payload's JSON text (as PostgreSQL prints `jsonb`), cut after
+    /// the number of characters asked for.
+    pub payload_head: String,
+    /// The length in bytes of the payload's whole JSON text.
+    pub payload_bytes: i64,
+}
+
+impl JobPreview {
+    /// Whether `payload_head` is the whole payload.
+    pub fn payload_is_whole(&self) -> bool {
+        i64::try_from(self.payload_head.len()).is_ok_and(|n| n == self.payload_bytes)
+    }
 }
 
 /// The pg_lease versions of the connected database.

@@ -188,7 +188,9 @@ impl Client {
     }
 
     /// `lease.dead_letters`: up to `limit` dead rows (oldest id first), of
-    /// one queue or all. Needs `lease_admin`.
+    /// one queue or all, payloads included
+    /// ([`Client::dead_letter_summaries`] leaves them out). Needs
+    /// `lease_admin`.
     pub async fn dead_letters(&self, queue: Option<&str>, limit: u32) -> Result<Vec<DeadLetter>> {
         let limit = i64::from(limit);
         self.call(|c| async move {
@@ -268,18 +270,18 @@ impl Client {
     /// the planner finds it cheaper (the few leased, dead or cancelled rows
     /// of a big queue). Done rows have no index by id: a page of them walks
     /// the primary key or the queue's finished rows.
+    ///
+    /// Payloads included: [`Client::job_summaries`] leaves them out.
     pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
         if let Some(key) = &filter.key {
             let Some(queue) = &filter.queue else {
                 return Err(Error::invalid("a key filter needs a queue"));
             };
             let row = self.job_by_key(queue, key).await?;
-            let wanted = |j: &JobRecord| {
-                filter.state.is_none_or(|s| s == j.state)
-                    && filter.after.is_none_or(|after| j.id > after)
-                    && filter.limit > 0
-            };
-            return Ok(row.into_iter().filter(wanted).collect());
+            return Ok(row
+                .into_iter()
+                .filter(|j| in_filter(filter, j.state, j.id))
+                .collect());
         }
         let queue = filter.queue.as_deref();
         let state = filter.state.map(state_name);
@@ -305,7 +307,8 @@ impl Client {
 
     /// Row `id` of `lease.job`, every column; `None` if there is no such
     /// row (never enqueued, or purged). Superuser only, like
-    /// [`Client::jobs`].
+    /// [`Client::jobs`]. [`Client::job_preview`] reads only the start of
+    /// the payload.
     pub async fn job(&self, id: i64) -> Result<Option<JobRecord>> {
         self.call(|c| async move {
             let rows = c.query(Query::Job, &[&id]).await?;
@@ -329,8 +332,16 @@ impl Client {
     }
 }
 
+/// Whether the row of a key, in `state` with `id`, is on the page `filter`
+/// asks for (the key itself found it).
+pub(super) fn in_filter(filter: &JobFilter, state: JobState, id: i64) -> bool {
+    filter.state.is_none_or(|s| s == state)
+        && filter.after.is_none_or(|after| id > after)
+        && filter.limit > 0
+}
+
 /// The SQL name of a state (`lease.job_state`).
-fn state_name(state: JobState) -> &'static str {
+pub(super) fn state_name(state: JobState) -> &'static str {
     match state {
         JobState::Pending => "pending",
         JobState::Leased => "leased",

@@ -3,7 +3,8 @@
 //! This file holds the connection handling; the calls are grouped by what
 //! they act on: `queues` (queues and their rows), `leases` (claims and the
 //! leases on rows), `named` (named leases), `schedules`
-//! (periodic enqueues), `admin` (housekeeping and the views); `tx` has
+//! (periodic enqueues), `admin` (housekeeping and the views),
+//! `summaries` (rows without their payloads, for listings); `tx` has
 //! the calls made in the caller's own transaction. `statements` is their
 //! SQL, `args` binds the enqueue arguments, `rows` reads their answers.
 
@@ -25,6 +26,7 @@ mod schedules;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
 mod statements;
+mod summaries;
 pub mod tx;
 
 pub use tx::{fence, fence_named};

@@ -67,6 +67,10 @@ queries! {
     Pause,
     Resume,
     PurgeDead,
+    JobSummaries,
+    JobSummaryByKey,
+    JobPreview,
+    DeadLetterSummaries,
 }
 
 use std::sync::OnceLock;
@@ -104,6 +108,34 @@ macro_rules! job_columns {
     };
 }
 
+/// `last_error` cut after 2,000 characters, marked by `…`: a release may
+/// record an error of any length, and a listing shows its first line.
+macro_rules! cut_error {
+    () => {
+        "CASE WHEN length(last_error) > 2000 THEN left(last_error, 2000) || '…' ELSE last_error END"
+    };
+}
+
+/// The columns of `lease.job` but the payload, `last_error` cut, in the
+/// order `summaries::job_summary` reads them; without `FROM`.
+macro_rules! job_summary_select {
+    () => {
+        concat!(
+            "SELECT id, queue, key, state::text, priority, rank, next_at, attempt, epoch, ",
+            "owner, lease_until, cancel_requested, ",
+            cut_error!(),
+            ", created_at, finished_at, unique_key "
+        )
+    };
+}
+
+/// [`job_summary_select!`] from `lease.job`.
+macro_rules! job_summary_columns {
+    () => {
+        concat!(job_summary_select!(), "FROM lease.job ")
+    };
+}
+
 /// A page of `lease.job` rows: `$3` of them with ids above `$4`, of queue
 /// `$1` (or all), in state `$2` (or any). One branch per state, each
 /// comparing `state` with a literal, since only a literal lets the planner
@@ -112,27 +144,28 @@ macro_rules! job_columns {
 /// the queue.
 /// The statement is planned for its arguments on every call (see
 /// [`Query::planned_per_call`]), which drops the other branches.
+/// `$columns` names the macro of the columns selected.
 macro_rules! jobs_in_states {
-    () => {
+    ($columns:ident) => {
         concat!(
-            jobs_in_states!(@branch "$2::text IS NULL"),
-            jobs_in_states!(@in "pending"),
-            jobs_in_states!(@in "leased"),
-            jobs_in_states!(@in "done"),
-            jobs_in_states!(@in "dead"),
-            jobs_in_states!(@in "cancelled"),
+            jobs_in_states!(@branch $columns "$2::text IS NULL"),
+            jobs_in_states!(@in $columns "pending"),
+            jobs_in_states!(@in $columns "leased"),
+            jobs_in_states!(@in $columns "done"),
+            jobs_in_states!(@in $columns "dead"),
+            jobs_in_states!(@in $columns "cancelled"),
             "ORDER BY id LIMIT $3::bigint"
         )
     };
-    (@in $state:literal) => {
+    (@in $columns:ident $state:literal) => {
         concat!(
             "UNION ALL ",
-            jobs_in_states!(@branch concat!("$2::text = '", $state, "' AND state = '", $state, "'"))
+            jobs_in_states!(@branch $columns concat!("$2::text = '", $state, "' AND state = '", $state, "'"))
         )
     };
-    (@branch $state:expr) => {
+    (@branch $columns:ident $state:expr) => {
         concat!(
-            "(", job_columns!(), "WHERE ", $state, " AND ($1::text IS NULL OR queue = $1::text) ",
+            "(", $columns!(), "WHERE ", $state, " AND ($1::text IS NULL OR queue = $1::text) ",
             "AND id > $4::bigint ORDER BY id LIMIT $3::bigint) "
         )
     };
@@ -173,7 +206,10 @@ impl Query {
     /// prepared statement's generic plan would not know the queue and
     /// state, and may walk a whole queue for a page of its rare rows.
     pub(super) fn planned_per_call(self) -> bool {
-        matches!(self, Query::Jobs | Query::DeadLetters)
+        matches!(
+            self,
+            Query::Jobs | Query::DeadLetters | Query::JobSummaries | Query::DeadLetterSummaries
+        )
     }
 
     /// The statement's SQL.
@@ -329,7 +365,7 @@ impl Query {
                 ", jitter = 'full', restricted, attached, created_at ",
                 "FROM lease.queue ORDER BY name"
             ),
-            S::Jobs => jobs_in_states!(),
+            S::Jobs => jobs_in_states!(job_columns),
             S::JobByKey => concat!(job_columns!(), "WHERE queue = $1::text AND key = $2::text"),
             S::Job => concat!(job_columns!(), "WHERE id = $1::bigint"),
             S::ExtensionVersions => concat!(
@@ -355,6 +391,25 @@ impl Query {
             S::Pause => "SELECT lease.pause(queue => $1::text)",
             S::Resume => "SELECT lease.resume(queue => $1::text)",
             S::PurgeDead => "SELECT lease.purge_dead(queue => $1::text)",
+            S::JobSummaries => jobs_in_states!(job_summary_columns),
+            S::JobSummaryByKey => concat!(
+                job_summary_columns!(),
+                "WHERE queue = $1::text AND key = $2::text"
+            ),
+            // OFFSET 0 keeps the subquery from being pulled up, so the
+            // server prints the payload once for both columns.
+            S::JobPreview => concat!(
+                job_summary_select!(),
+                ", left(p.t, $2::int), octet_length(p.t)::bigint ",
+                "FROM lease.job, LATERAL (SELECT payload::text AS t OFFSET 0) p ",
+                "WHERE id = $1::bigint"
+            ),
+            S::DeadLetterSummaries => concat!(
+                "SELECT id, queue, key, attempt, ",
+                cut_error!(),
+                ", finished_at FROM lease.dead_letters WHERE $1::text IS NULL OR queue = $1::text ",
+                "ORDER BY id LIMIT $2::bigint"
+            ),
             S::Schedules => concat!(
                 "SELECT name, queue, cron, ",
                 as_micros!("every"),
@@ -412,6 +467,22 @@ fn type_named(name: &str, array: bool) -> Type {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The listings leave payloads in the database, and the preview reads
+    /// the payload only as the text it cuts and measures.
+    #[test]
+    fn summaries_select_no_payload() {
+        for q in [
+            Query::JobSummaries,
+            Query::JobSummaryByKey,
+            Query::DeadLetterSummaries,
+        ] {
+            assert!(!q.sql().contains("payload"), "{q:?}: {}", q.sql());
+        }
+        let preview = Query::JobPreview.sql();
+        assert_eq!(preview.matches("payload").count(), 1, "{preview}");
+        assert!(preview.contains("payload::text AS t"), "{preview}");
+    }
 
     /// Sending unprepared depends on it: every parameter of every statement
     /// has a cast to a type that `type_named` knows.
