@@ -51,7 +51,7 @@ pub async fn list(
             j.attempt.to_string(),
             j.epoch.to_string(),
             j.owner.clone().unwrap_or_default(),
-            when(j, now),
+            when(j.state, j.next_at, j.lease_until, j.finished_at, now),
             j.last_error
                 .as_deref()
                 .map(|e| first_line(e, 60))
@@ -137,16 +137,22 @@ fn job_json(j: &JobRecord) -> Value {
 /// The time that matters in a row's state, for a table: when a pending row
 /// becomes claimable, when a lease ends, when a finished row finished. By
 /// this machine's clock against the database's times, so roughly.
-pub fn when(j: &JobRecord, now: SystemTime) -> String {
-    match j.state {
-        JobState::Pending if j.next_at <= now => "ready".to_owned(),
-        JobState::Pending => format!("ready {}", relative(j.next_at, now)),
-        JobState::Leased => j
-            .lease_until
+/// Takes the row's times rather than the row, for rows read with or
+/// without their payloads.
+pub fn when(
+    state: JobState,
+    next_at: SystemTime,
+    lease_until: Option<SystemTime>,
+    finished_at: Option<SystemTime>,
+    now: SystemTime,
+) -> String {
+    match state {
+        JobState::Pending if next_at <= now => "ready".to_owned(),
+        JobState::Pending => format!("ready {}", relative(next_at, now)),
+        JobState::Leased => lease_until
             .map(|t| format!("lease ends {}", relative(t, now)))
             .unwrap_or_default(),
-        _ => j
-            .finished_at
+        _ => finished_at
             .map(|t| format!("finished {}", relative(t, now)))
             .unwrap_or_default(),
     }

@@ -4,14 +4,16 @@
 //! Every page is a few calls of [`Client`], as the connecting role; every
 //! action (`--allow-actions`) is one call of an existing SQL function, so
 //! the role's grants decide what it may do and a refusal shows the
-//! server's SQLSTATE. `pages` renders what is read, `actions` what is
-//! changed, `guard` what every request passes (host, CSRF, headers),
-//! `throughput` the samples behind the charts, `views` the templates'
-//! data and `assets` the embedded CSS and JavaScript.
+//! server's SQLSTATE. `pages` renders what is read (`job` one row and its
+//! payload), `actions` what is changed, `guard` what every request passes
+//! (host, CSRF, headers), `throughput` the samples behind the charts,
+//! `views` the templates' data and `assets` the embedded CSS and
+//! JavaScript.
 
 mod actions;
 mod assets;
 mod guard;
+mod job;
 mod pages;
 mod reply;
 mod throughput;
@@ -118,7 +120,8 @@ fn router(ui: Arc<Ui>, hosts: Arc<[String]>) -> Router {
         .route("/fragments/queues", get(pages::queues_fragment))
         .route("/queues/{name}", get(pages::queue))
         .route("/queue", get(pages::queue_by_query))
-        .route("/jobs/{id}", get(pages::job))
+        .route("/jobs/{id}", get(job::job))
+        .route("/jobs/{id}/payload", get(job::payload))
         .route("/dead", get(pages::dead))
         .route("/schedules", get(pages::schedules))
         .route("/leases", get(pages::leases))

@@ -1,7 +1,9 @@
 //! The pages: what each GET reads and how it is shown. Each is a handful
 //! of the client's calls, whose cost does not grow with the queues' rows
 //! (`lease.metrics`, the views), but for the rows of a queue, read one
-//! page at a time from where the last one ended.
+//! page at a time from where the last one ended. Listings read no
+//! payloads (`job` shows the start of one), so no page holds more than
+//! its rows' other columns.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -26,6 +28,10 @@ const STATES: &[&str] = &["pending", "leased", "done", "dead", "cancelled"];
 
 /// Dead letters on the dead-letter page when the URL does not say.
 const DEAD_ROWS: u32 = 100;
+
+/// The most dead letters a page may ask for: each row holds up to 2,000
+/// characters of its last error until the page is sent.
+const MAX_DEAD_ROWS: u32 = 1000;
 
 /// The handlers' shared state.
 type Shared = State<Arc<Ui>>;
@@ -167,7 +173,7 @@ async fn queue_page(ui: &Ui, name: String, params: JobsParams) -> Reply {
         after: params.after,
         limit: PAGE_ROWS,
     };
-    let jobs = match ui.client.jobs(&filter).await {
+    let jobs = match ui.client.job_summaries(&filter).await {
         Ok(jobs) => Ok(jobs),
         Err(e) if e.sqlstate() == Some("42501") => Err(format!(
             "Listing rows reads lease.job, which only the superuser may; this role sees the \
@@ -198,7 +204,7 @@ async fn queue_page(ui: &Ui, name: String, params: JobsParams) -> Reply {
                 attempt: j.attempt,
                 epoch: j.epoch,
                 owner: j.owner.clone().unwrap_or_default(),
-                when: when(j, now),
+                when: when(j.state, j.next_at, j.lease_until, j.finished_at, now),
                 last_error: j
                     .last_error
                     .as_deref()
@@ -228,55 +234,6 @@ async fn queue_page(ui: &Ui, name: String, params: JobsParams) -> Reply {
     })
 }
 
-/// `/jobs/<id>`: every column of one row.
-pub async fn job(State(ui): Shared, id: Result<Path<String>, PathRejection>) -> Reply {
-    let Path(id) = id.map_err(|e| UiError::BadRequest(e.body_text()))?;
-    let id = parse_id(&id)?;
-    let Some(j) = ui.client.job(id).await? else {
-        return Err(UiError::NotFound(format!(
-            "no row {id} (never enqueued, or purged)"
-        )));
-    };
-    let now = SystemTime::now();
-    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
-    let attempt_id = match j.state {
-        JobState::Leased => pg_lease_client::FencingToken {
-            id: j.id,
-            epoch: j.epoch,
-        }
-        .to_string(),
-        _ => String::new(),
-    };
-    let fields = vec![
-        ("state", state_name(j.state).to_owned()),
-        ("key", opt(&j.key)),
-        ("unique key", opt(&j.unique_key)),
-        ("attempts", j.attempt.to_string()),
-        ("owner", opt(&j.owner)),
-        ("epoch", j.epoch.to_string()),
-        ("attempt id", attempt_id),
-        ("lease until", time_text(j.lease_until, now)),
-        ("cancel requested", yes_no(j.cancel_requested)),
-        ("priority", j.priority.to_string()),
-        ("next at", time_text(Some(j.next_at), now)),
-        ("created at", time_text(Some(j.created_at), now)),
-        ("finished at", time_text(j.finished_at, now)),
-    ];
-    let payload = serde_json::to_string_pretty(&j.payload)
-        .map_err(|e| UiError::Client(pg_lease_client::Error::Payload(e)))?;
-    page(&JobPage {
-        layout: ui.layout(""),
-        id: j.id,
-        queue_href: queue_href(&j.queue, ""),
-        queue: j.queue,
-        fields,
-        payload,
-        last_error: opt(&j.last_error),
-        can_cancel: matches!(j.state, JobState::Pending | JobState::Leased),
-        can_requeue: j.state == JobState::Dead,
-    })
-}
-
 /// The filter of the dead-letter page.
 #[derive(Debug, Deserialize)]
 pub struct DeadParams {
@@ -289,9 +246,9 @@ pub struct DeadParams {
 pub async fn dead(State(ui): Shared, params: Result<Query<DeadParams>, QueryRejection>) -> Reply {
     let Query(params) = params.map_err(|e| UiError::BadRequest(e.body_text()))?;
     let limit = params.limit.unwrap_or(DEAD_ROWS);
-    if !(1..=10_000).contains(&limit) {
+    if !(1..=MAX_DEAD_ROWS).contains(&limit) {
         return Err(UiError::BadRequest(format!(
-            "limit {limit} is not between 1 and 10000"
+            "limit {limit} is not between 1 and {MAX_DEAD_ROWS}"
         )));
     }
     let queue = Some(params.queue.as_str()).filter(|q| !q.is_empty());
@@ -301,7 +258,7 @@ pub async fn dead(State(ui): Shared, params: Result<Query<DeadParams>, QueryReje
     let now = SystemTime::now();
     let rows = ui
         .client
-        .dead_letters(queue, limit)
+        .dead_letter_summaries(queue, limit)
         .await?
         .into_iter()
         .map(|d| DeadRow {
@@ -420,10 +377,6 @@ pub fn parse_id(text: &str) -> Result<i64, UiError> {
         .ok()
         .filter(|id| *id > 0)
         .ok_or_else(|| UiError::BadRequest(format!("{text:?} is not a row id")))
-}
-
-fn yes_no(b: bool) -> String {
-    if b { "yes" } else { "no" }.to_owned()
 }
 
 /// `text` with everything but unreserved characters percent-encoded, for a

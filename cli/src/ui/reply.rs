@@ -1,6 +1,7 @@
 //! What a handler answers: a rendered page, or an error page whose status
-//! says what went wrong (404 unknown, 400 malformed, 403 refused, 503 the
-//! database is unreachable). Never a panic, never the connection string.
+//! says what went wrong (404 unknown, 400 malformed, 403 refused, 413 too
+//! large, 503 the database is unreachable). Never a panic, never the
+//! connection string.
 
 use askama::Template;
 use axum::http::StatusCode;
@@ -29,6 +30,9 @@ pub enum UiError {
     /// off, or the form's token is wrong (403).
     #[error("{0}")]
     Forbidden(String),
+    /// What was asked for is larger than the dashboard serves (413).
+    #[error("{0}")]
+    TooLarge(String),
     /// The action found nothing to do: the row was not in a state it
     /// applies to (409).
     #[error("{0}")]
@@ -48,6 +52,7 @@ impl UiError {
             UiError::NotFound(_) => StatusCode::NOT_FOUND,
             UiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             UiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            UiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             UiError::Conflict(_) => StatusCode::CONFLICT,
             UiError::Client(e) if unreachable(e) => StatusCode::SERVICE_UNAVAILABLE,
             UiError::Client(e) if e.sqlstate() == Some("42501") => StatusCode::FORBIDDEN,
@@ -62,6 +67,7 @@ impl UiError {
             UiError::NotFound(_) => "Not found",
             UiError::BadRequest(_) => "Bad request",
             UiError::Forbidden(_) => "Not allowed",
+            UiError::TooLarge(_) => "Too large to show",
             UiError::Conflict(_) => "Nothing changed",
             UiError::Client(e) if unreachable(e) => "Database unreachable",
             UiError::Client(e) if e.sqlstate() == Some("42501") => "Refused by the database",

@@ -105,7 +105,12 @@ pub struct JobPage {
     pub queue: String,
     pub queue_href: String,
     pub fields: Vec<(&'static str, String)>,
+    /// The payload's JSON text: whole and indented, or its start.
     pub payload: String,
+    /// What part of the payload is shown, when not all of it.
+    pub truncated: Option<String>,
+    /// Whether `/jobs/<id>/payload` serves the whole payload.
+    pub raw: bool,
     pub last_error: String,
     pub can_cancel: bool,
     pub can_requeue: bool,

@@ -70,3 +70,4 @@ pub fn line_cells(out: &Output, first: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
 }
 pub mod browser;
+pub mod http;
