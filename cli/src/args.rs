@@ -167,6 +167,11 @@ pub enum Command {
         /// refused, against DNS rebinding.
         #[arg(long = "allow-host", value_name = "NAME", value_parser = crate::ui::host_name)]
         allow_hosts: Vec<String>,
+        /// Answer only a browser logged in with the link printed at start
+        /// (a cookie): closes the dashboard to the machine's other users,
+        /// whom loopback does not keep out.
+        #[arg(long)]
+        login: bool,
     },
 }
 

@@ -74,12 +74,14 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
                 listen,
                 allow_actions,
                 allow_hosts,
+                login,
             } = command
             {
                 let options = ui::Options {
                     listen,
                     allow_actions,
                     allow_hosts,
+                    login,
                 };
                 return ui::serve(client, target.shown, options).await;
             }

@@ -4,6 +4,7 @@
 //!   with `--allow-host` (a reverse proxy's): a page of another site whose
 //!   name was made to resolve to this address (DNS rebinding) would
 //!   otherwise read the dashboard as same-origin, tokens included.
+//! * With `--login`, a request must carry the login cookie (`login`).
 //! * Forms carry a token drawn at start; a page of another site cannot
 //!   read it, so it cannot post an action in the operator's browser.
 //! * Answers forbid framing, inline scripts and caching, and say how long
@@ -18,7 +19,16 @@ use axum::http::header::{HeaderName, HeaderValue, CACHE_CONTROL, HOST};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::login::Login;
 use super::reply::UiError;
+
+/// Who is answered: what the middleware checks.
+pub struct Access {
+    /// The `--allow-host` names, lower case.
+    pub hosts: Vec<String>,
+    /// With `--login`, this run's secret.
+    pub login: Option<Login>,
+}
 
 /// The headers every answer carries.
 const HEADERS: &[(&str, &str)] = &[
@@ -32,23 +42,27 @@ const HEADERS: &[(&str, &str)] = &[
     ("referrer-policy", "no-referrer"),
 ];
 
-/// The middleware: checks the host against the local names and `hosts`
-/// (the `--allow-host` names, lower case), then adds the headers.
-pub async fn check(State(hosts): State<Arc<[String]>>, request: Request, next: Next) -> Response {
+/// The middleware: checks the host against the local names and the
+/// `--allow-host` names, then the login, and adds the headers.
+pub async fn check(State(access): State<Arc<Access>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let host = request
         .headers()
         .get(HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("");
-    if !allowed(host, &hosts) {
+    if !allowed(host, &access.hosts) {
         return UiError::Forbidden(format!(
             "this dashboard answers to IP addresses, localhost and the names given with \
              --allow-host, not to {host:?}"
         ))
         .into_response();
     }
-    let mut response = next.run(request).await;
+    let refused = access.login.as_ref().and_then(|l| l.check(&request));
+    let mut response = match refused {
+        Some(answer) => answer,
+        None => next.run(request).await,
+    };
     let headers = response.headers_mut();
     for (name, value) in HEADERS {
         headers.insert(

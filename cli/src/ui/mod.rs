@@ -6,14 +6,15 @@
 //! the role's grants decide what it may do and a refusal shows the
 //! server's SQLSTATE. `pages` renders what is read (`job` one row and its
 //! payload), `actions` what is changed, `guard` what every request passes
-//! (host, CSRF, headers), `throughput` the samples behind the charts,
-//! `views` the templates' data and `assets` the embedded CSS and
-//! JavaScript.
+//! (host, login, CSRF, headers), `login` the `--login` cookie,
+//! `throughput` the samples behind the charts, `views` the templates' data
+//! and `assets` the embedded CSS and JavaScript.
 
 mod actions;
 mod assets;
 mod guard;
 mod job;
+mod login;
 mod pages;
 mod reply;
 mod throughput;
@@ -42,6 +43,9 @@ pub struct Options {
     /// Host names answered besides IP addresses and `localhost` (a reverse
     /// proxy's), lower case.
     pub allow_hosts: Vec<String>,
+    /// Whether requests need the cookie of the login link printed at
+    /// start.
+    pub login: bool,
 }
 
 /// What every request handler shares.
@@ -78,7 +82,12 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
     if !bound.ip().is_loopback() {
         eprintln!(
             "pg-lease ui: warning: listening on {bound}, not on loopback: anyone who reaches it \
-             reads this database with the rights of the connecting role{}",
+             {}reads this database with the rights of the connecting role{}",
+            if options.login {
+                "with the login link "
+            } else {
+                ""
+            },
             if options.allow_actions {
                 ", and acts with them"
             } else {
@@ -86,6 +95,11 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
             }
         );
     }
+    let login = options
+        .login
+        .then(|| login::Login::new(bound.port()))
+        .transpose()
+        .map_err(CliError::Serve)?;
     let database = match client.extension_versions().await {
         Ok(v) => format!("{} at {shown}", v.database),
         Err(_) => shown,
@@ -98,11 +112,20 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
         throughput: throughput::Samples::default(),
     });
     let sampler = tokio::spawn(throughput::sample(Arc::clone(&ui)));
+    // The login link is printed here only: it is the secret.
     eprintln!(
-        "pg-lease ui: serving http://{bound}/ (actions {})",
-        if options.allow_actions { "on" } else { "off" }
+        "pg-lease ui: serving http://{bound}/ (actions {}){}",
+        if options.allow_actions { "on" } else { "off" },
+        login.as_ref().map_or(String::new(), |l| format!(
+            "; log in at {}",
+            l.link(&format!("http://{bound}"))
+        ))
     );
-    let served = axum::serve(listener, router(ui, options.allow_hosts.into()))
+    let access = guard::Access {
+        hosts: options.allow_hosts,
+        login,
+    };
+    let served = axum::serve(listener, router(ui, Arc::new(access)))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -112,9 +135,9 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
     Ok(Done::All)
 }
 
-/// Every route, behind the guard that answers only to local names and
-/// `hosts`.
-fn router(ui: Arc<Ui>, hosts: Arc<[String]>) -> Router {
+/// Every route, behind the guard that answers only to local names and the
+/// `--allow-host` names, and with `--login` only to its cookie.
+fn router(ui: Arc<Ui>, access: Arc<guard::Access>) -> Router {
     Router::new()
         .route("/", get(pages::queues))
         .route("/fragments/queues", get(pages::queues_fragment))
@@ -132,6 +155,6 @@ fn router(ui: Arc<Ui>, hosts: Arc<[String]>) -> Router {
         .route("/actions/cancel-key", post(actions::cancel_key))
         .route("/actions/purge-dead", post(actions::purge_dead))
         .fallback(pages::not_found)
-        .layer(axum::middleware::from_fn_with_state(hosts, guard::check))
+        .layer(axum::middleware::from_fn_with_state(access, guard::check))
         .with_state(ui)
 }

@@ -1,7 +1,7 @@
 //! What a handler answers: a rendered page, or an error page whose status
-//! says what went wrong (404 unknown, 400 malformed, 403 refused, 413 too
-//! large, 503 the database is unreachable). Never a panic, never the
-//! connection string.
+//! says what went wrong (404 unknown, 400 malformed, 401 not logged in,
+//! 403 refused, 413 too large, 503 the database is unreachable). Never a
+//! panic, never the connection string.
 
 use askama::Template;
 use axum::http::StatusCode;
@@ -26,6 +26,10 @@ pub enum UiError {
     /// A parameter that does not parse (400).
     #[error("{0}")]
     BadRequest(String),
+    /// The dashboard asks for a login (`--login`) and the request carries
+    /// none (401).
+    #[error("{0}")]
+    Unauthorized(String),
     /// The request is refused before it reaches the database: actions are
     /// off, or the form's token is wrong (403).
     #[error("{0}")]
@@ -51,6 +55,7 @@ impl UiError {
         match self {
             UiError::NotFound(_) => StatusCode::NOT_FOUND,
             UiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            UiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             UiError::Forbidden(_) => StatusCode::FORBIDDEN,
             UiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             UiError::Conflict(_) => StatusCode::CONFLICT,
@@ -66,6 +71,7 @@ impl UiError {
         match self {
             UiError::NotFound(_) => "Not found",
             UiError::BadRequest(_) => "Bad request",
+            UiError::Unauthorized(_) => "Log in first",
             UiError::Forbidden(_) => "Not allowed",
             UiError::TooLarge(_) => "Too large to show",
             UiError::Conflict(_) => "Nothing changed",

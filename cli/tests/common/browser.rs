@@ -19,6 +19,8 @@ pub struct Dashboard {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// With `--login`: the link the start-up line offers to log in.
+    pub login: Option<String>,
 }
 
 impl Dashboard {
@@ -35,19 +37,22 @@ impl Dashboard {
             .expect("start pg-lease ui");
         let stderr = child.stderr.take().expect("stderr");
         let mut lines = BufReader::new(stderr).lines();
-        let base = loop {
+        let (base, login) = loop {
             let line = match lines.next() {
                 Some(Ok(line)) => line,
                 other => panic!("pg-lease ui ended before serving: {other:?}"),
             };
-            if let Some(rest) = line.split("serving ").nth(1) {
-                let url = rest.split_whitespace().next().expect("address");
-                break url.trim_end_matches('/').to_owned();
+            let after = |marker: &str| {
+                let rest = line.split(marker).nth(1)?;
+                rest.split_whitespace().next().map(str::to_owned)
+            };
+            if let Some(url) = after("serving ") {
+                break (url.trim_end_matches('/').to_owned(), after("log in at "));
             }
         };
         // Keep draining stderr so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        Dashboard { child, base }
+        Dashboard { child, base, login }
     }
 
     /// The absolute URL of `path`.
