@@ -1,14 +1,19 @@
 //! `pg-lease ui` against requests that would make it hold more than a
 //! page: large payloads stay in the database but for the part a page
-//! shows, and memory-costly parameters are bounded. Plain HTTP from the
-//! test, as any local process can send it, and a proxy that counts what
+//! shows, memory-costly parameters are bounded, and half-sent requests are
+//! closed and capped while others are answered. Plain HTTP from the test,
+//! as any local process can send it, and a proxy that counts what
 //! PostgreSQL sends the dashboard; the browser where a page shows it.
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::browser::{Browser, Dashboard};
 use common::http::{self, CountingProxy};
 use pg_tests::{scalar, test_user, Cluster, TEST_DB};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// More than PostgreSQL sends for any page here once payloads stay in the
 /// database; the rows below hold megabytes each.
@@ -150,4 +155,82 @@ async fn pages_read_only_the_part_of_a_payload_they_show() {
     assert_eq!(b.path().await, format!("/jobs/{medium}/payload"));
     assert!(b.source().await.contains("tail-marker"));
     b.close().await;
+}
+
+/// Sockets of process `pid`.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Waits until the server closes `s` (end of stream or reset), reading
+/// whatever it answers first; false if it is still open at `deadline`.
+async fn closed_by(s: &mut TcpStream, deadline: Instant) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// 200 connections that send half a request head (and a few a whole head
+/// but half a body) stayed open for good, each holding a socket of the
+/// dashboard: 200 sockets, all still open 20 s later. Now the dashboard
+/// holds at most 128 connections at once (the others wait to be
+/// accepted), closes a head or body not sent within 5 s, and answers a
+/// normal request meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_are_closed_and_capped() {
+    let cluster = Cluster::start();
+    let ui = Dashboard::start(&cluster.conn_string(TEST_DB), &["--allow-actions"]);
+    let addr = ui.base.trim_start_matches("http://").to_owned();
+    let opened = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let mut s = TcpStream::connect(&addr).await.expect("connect");
+        let half = if i % 20 == 0 {
+            format!(
+                "POST /actions/cancel HTTP/1.1\r\nHost: {addr}\r\n\
+                 Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ncsrf="
+            )
+        } else {
+            format!("GET / HTTP/1.1\r\nHost: {addr}\r\nX-Half: ")
+        };
+        s.write_all(half.as_bytes()).await.expect("send half");
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let open = sockets(ui.pid());
+    // Besides connections: the listener, PostgreSQL, the signal driver's.
+    assert!(
+        open <= 128 + 8,
+        "the dashboard holds {open} sockets for 200 half-sent requests"
+    );
+
+    let asked = Instant::now();
+    let answer = http::get(&ui.base, "/", None).await;
+    assert_eq!(answer.status, 200);
+    assert!(
+        asked.elapsed() < Duration::from_secs(15),
+        "answered after {:?}",
+        asked.elapsed()
+    );
+
+    let deadline = opened + Duration::from_secs(20);
+    for (i, s) in held.iter_mut().enumerate() {
+        assert!(
+            closed_by(s, deadline).await,
+            "half-sent request {i} still open after 20 s"
+        );
+    }
+    let asked = Instant::now();
+    assert_eq!(http::get(&ui.base, "/", None).await.status, 200);
+    assert!(asked.elapsed() < Duration::from_secs(5), "answered at once");
 }

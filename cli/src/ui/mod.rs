@@ -6,9 +6,10 @@
 //! the role's grants decide what it may do and a refusal shows the
 //! server's SQLSTATE. `pages` renders what is read (`job` one row and its
 //! payload), `actions` what is changed, `guard` what every request passes
-//! (host, login, CSRF, headers), `login` the `--login` cookie,
-//! `throughput` the samples behind the charts, `views` the templates' data
-//! and `assets` the embedded CSS and JavaScript.
+//! (host, login, CSRF, headers), `login` the `--login` cookie, `server`
+//! the connections and their deadlines, `throughput` the samples behind
+//! the charts, `views` the templates' data and `assets` the embedded CSS
+//! and JavaScript.
 
 mod actions;
 mod assets;
@@ -17,6 +18,7 @@ mod job;
 mod login;
 mod pages;
 mod reply;
+mod server;
 mod throughput;
 mod views;
 
@@ -125,13 +127,11 @@ pub async fn serve(client: Client, shown: String, options: Options) -> Result<Do
         hosts: options.allow_hosts,
         login,
     };
-    let served = axum::serve(listener, router(ui, Arc::new(access)))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
+    server::serve(listener, router(ui, Arc::new(access)), async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
     sampler.abort();
-    served.map_err(CliError::Serve)?;
     Ok(Done::All)
 }
 
@@ -155,6 +155,7 @@ fn router(ui: Arc<Ui>, access: Arc<guard::Access>) -> Router {
         .route("/actions/cancel-key", post(actions::cancel_key))
         .route("/actions/purge-dead", post(actions::purge_dead))
         .fallback(pages::not_found)
+        .layer(axum::middleware::from_fn(server::bounded_body))
         .layer(axum::middleware::from_fn_with_state(access, guard::check))
         .with_state(ui)
 }

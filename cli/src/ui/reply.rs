@@ -1,7 +1,7 @@
 //! What a handler answers: a rendered page, or an error page whose status
 //! says what went wrong (404 unknown, 400 malformed, 401 not logged in,
-//! 403 refused, 413 too large, 503 the database is unreachable). Never a
-//! panic, never the connection string.
+//! 403 refused, 408 too slow, 413 too large, 503 the database is
+//! unreachable). Never a panic, never the connection string.
 
 use askama::Template;
 use axum::http::StatusCode;
@@ -34,6 +34,9 @@ pub enum UiError {
     /// off, or the form's token is wrong (403).
     #[error("{0}")]
     Forbidden(String),
+    /// The request's body did not arrive in time (408).
+    #[error("{0}")]
+    Timeout(String),
     /// What was asked for is larger than the dashboard serves (413).
     #[error("{0}")]
     TooLarge(String),
@@ -57,6 +60,7 @@ impl UiError {
             UiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             UiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             UiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            UiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             UiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             UiError::Conflict(_) => StatusCode::CONFLICT,
             UiError::Client(e) if unreachable(e) => StatusCode::SERVICE_UNAVAILABLE,
@@ -73,6 +77,7 @@ impl UiError {
             UiError::BadRequest(_) => "Bad request",
             UiError::Unauthorized(_) => "Log in first",
             UiError::Forbidden(_) => "Not allowed",
+            UiError::Timeout(_) => "Too slow",
             UiError::TooLarge(_) => "Too large to show",
             UiError::Conflict(_) => "Nothing changed",
             UiError::Client(e) if unreachable(e) => "Database unreachable",

@@ -55,6 +55,11 @@ impl Dashboard {
         Dashboard { child, base, login }
     }
 
+    /// The process id of `pg-lease ui`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The absolute URL of `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
