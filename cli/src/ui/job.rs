@@ -23,8 +23,8 @@ use crate::output::time_text;
 const PAGE_PAYLOAD_CHARS: u32 = 16_384;
 
 /// The largest payload `/jobs/<id>/payload` serves, in bytes of its JSON
-/// text: above the 1 MiB a queue allows by default, with room for the
-/// spaces the text adds to the stored value.
+/// text: four times the 1 MiB a queue allows by default, and little
+/// memory next to the 256 MiB a queue may allow.
 const RAW_PAYLOAD_BYTES: u32 = 4 * 1024 * 1024;
 
 /// `/jobs/<id>`: every column of one row and the start of its payload.
