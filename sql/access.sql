@@ -32,21 +32,38 @@ RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
 COMMENT ON FUNCTION lease._caller() IS
     'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
 
-CREATE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
+-- Whether the calling role may act on QUEUE with one of RIGHTS: true; false
+-- if it holds another right on it; NULL if it holds none (a restricted queue
+-- it is not to learn of).
+CREATE FUNCTION lease._access(queue text, rights text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     who constant name := lease._caller();
 BEGIN
-    IF coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _check_access.queue), false)
-       AND NOT pg_has_role(who, 'lease_admin', 'MEMBER')
-       AND NOT EXISTS (
-           SELECT FROM lease.queue_grant g
-            WHERE g.queue = _check_access.queue
-              AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
-              AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
-    THEN
-        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
+    IF NOT coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _access.queue), false)
+       OR pg_has_role(who, 'lease_admin', 'MEMBER') THEN
+        RETURN true;
+    END IF;
+    RETURN (SELECT bool_or((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
+              FROM lease.queue_grant g
+             WHERE g.queue = _access.queue AND pg_has_role(who, g.grantee::oid, 'MEMBER'));
+END
+$$;
+
+COMMENT ON FUNCTION lease._access(text, text[]) IS
+    'Internal: true if QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it; false if it holds only another right; NULL if none.';
+
+CREATE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    allowed constant boolean := lease._access(queue, rights);
+BEGIN
+    IF allowed IS NULL THEN
+        PERFORM lease._no_such_queue(queue);
+    ELSIF NOT allowed THEN
+        RAISE EXCEPTION 'role "%" has no % right on queue "%"', lease._caller(), array_to_string(rights, ' or '), queue
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'An admin grants it with lease.grant(queue, role).';
     END IF;
@@ -54,22 +71,35 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._check_access(text, text[]) IS
-    'Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it.';
+$$Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on
+it; 42704, as for a queue that does not exist, if the role holds no right on it at all.$$;
 
 CREATE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    q text;
+    allowed boolean;
 BEGIN
     -- The common case, no restricted queue at all, costs one small scan.
-    IF EXISTS (SELECT FROM lease.queue q WHERE q.restricted) THEN
-        PERFORM lease._check_access(d.queue, rights)
-           FROM (SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids)) AS d;
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids) LOOP
+            allowed := lease._access(q, rights);
+            -- A queue the role holds no right on is not named.
+            IF allowed IS NULL THEN
+                RAISE EXCEPTION 'role "%" may not act on these rows', lease._caller()
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = 'Their queue is restricted: an admin grants it with lease.grant(queue, role).';
+            ELSIF NOT allowed THEN
+                PERFORM lease._check_access(q, rights);
+            END IF;
+        END LOOP;
     END IF;
 END
 $$;
 
 COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
-    'Internal: lease._check_access for the queue of every row in IDS.';
+    'Internal: lease._check_access for the queue of every row in IDS, without naming a queue the role holds no right on.';
 
 CREATE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
 RETURNS void

@@ -160,9 +160,7 @@ BEGIN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF NOT EXISTS (SELECT FROM lease.queue q WHERE q.name = _checked_queue.queue) THEN
-        RAISE EXCEPTION 'queue "%" does not exist', queue
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Create it with lease.create_queue().';
+        PERFORM lease._no_such_queue(queue);
     END IF;
     RETURN queue;
 END
@@ -170,6 +168,22 @@ $$;
 
 COMMENT ON FUNCTION lease._checked_queue(text) IS
     'Internal: returns queue, or raises 22004 if NULL, 42704 if no such queue exists.';
+
+-- The one answer for a queue that does not exist, and for a restricted one
+-- to a role that holds no right on it (access.sql): a role must not learn
+-- which names the restricted queues have.
+CREATE FUNCTION lease._no_such_queue(queue text) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'queue "%" does not exist', queue
+        USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with lease.create_queue(); a restricted queue exists only for the roles granted on it.';
+END
+$$;
+
+COMMENT ON FUNCTION lease._no_such_queue(text) IS
+    'Internal: raises 42704, queue QUEUE does not exist (also for a restricted queue the caller holds no right on).';
 
 CREATE FUNCTION lease._checked_not_null(value anyelement, what text) RETURNS anyelement
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

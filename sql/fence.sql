@@ -20,7 +20,7 @@ BEGIN
        SET payload = j.payload || patch
      WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-    RETURNING j.queue, pg_column_size(j.payload) INTO qn, bytes;
+    RETURNING j.queue, octet_length(j.payload::text) INTO qn, bytes;
     IF bytes IS NULL THEN
         RETURN false;
     END IF;

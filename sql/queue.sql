@@ -78,8 +78,8 @@ Both at most 36500 days. Intervals are judged by the time they add and may not h
 concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
 1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
 admits held rows at once; lowering it admits no more until the key is below the new limit.
-max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, as stored jsonb
-(pg_column_size), 1..268435455; default 1 MiB.
+max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, in bytes of its text
+form (octet_length(payload::text), whether or not it would be stored compressed), 1..268435455; default 1 MiB.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE FUNCTION lease.pause(queue text) RETURNS boolean
@@ -221,15 +221,17 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM lease._checked_queue(queue);
     END IF;
+    -- First, so that a role that may not produce into it learns nothing of
+    -- it.
+    IF q.restricted THEN
+        PERFORM lease._check_access(queue, '{produce}');
+    END IF;
     IF q.attached THEN
         -- Its rows are the table's rows that match the predicate; a row
         -- enqueued by key would hand out one that does not.
         RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
             USING ERRCODE = 'wrong_object_type',
                   HINT = 'Insert or update rows of the table so that they match its pending predicate.';
-    END IF;
-    IF q.restricted THEN
-        PERFORM lease._check_access(queue, '{produce}');
     END IF;
     PERFORM lease._check_payload_size(q, payload_bytes);
     RETURN queue;
@@ -253,7 +255,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     p  constant jsonb := lease._checked_not_null(payload, 'payload');
-    q  constant text := lease._checked_producer_queue(queue, pg_column_size(p));
+    q  constant text := lease._checked_producer_queue(queue, octet_length(p::text));
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
@@ -333,7 +335,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n  constant integer := cardinality(lease._checked_not_null(payloads, 'payloads'));
-    q  constant text := lease._checked_producer_queue(queue, (SELECT max(pg_column_size(u.p))
+    q  constant text := lease._checked_producer_queue(queue, (SELECT max(octet_length(u.p::text))
                                                                 FROM unnest(payloads) AS u(p)));
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
@@ -457,6 +459,9 @@ DECLARE
     target bigint;
 BEGIN
     PERFORM lease._checked_queue(queue), lease._checked_not_null(key, 'key');
+    -- Before the key is looked up: a role that may not cancel here gets the
+    -- same answer whether the key exists or not.
+    PERFORM lease._check_access(queue, '{work,produce}');
     SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
     IF target IS NULL THEN
         RETURN NULL;
@@ -468,7 +473,8 @@ $$;
 COMMENT ON FUNCTION lease.cancel_key(text, text) IS
 $$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
 that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
-Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
+Errors: 22004 an argument NULL; 42704 no such queue (or a restricted one the caller holds no right on);
+42501 as lease.cancel, whether the key exists or not.$$;
 
 CREATE FUNCTION lease.requeue(id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

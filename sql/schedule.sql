@@ -80,7 +80,7 @@ AS $$
 DECLARE
     n constant text := lease._checked_not_null(name, 'name');
     p constant jsonb := lease._checked_not_null(payload, 'payload');
-    q constant text := lease._checked_producer_queue(queue, pg_column_size(p));
+    q constant text := lease._checked_producer_queue(queue, octet_length(p::text));
     t constant timestamptz := clock_timestamp();
     first timestamptz;
 BEGIN

@@ -53,7 +53,8 @@ CREATE TABLE lease.queue (
     -- At most this many rows per concurrency_key admitted at once (pending
     -- and claimable, or leased); NULL: no limit (see concurrency.sql).
     concurrency     integer CHECK (concurrency BETWEEN 1 AND 100000),
-    -- The largest payload an enqueue may write (pg_column_size), see
+    -- The largest payload an enqueue may write, in bytes of its text form
+    -- (not its stored size, which compression can make tiny), see
     -- lease.create_queue.
     max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 268435455),
     -- Claims take none of its rows (lease.pause); leases held run on.

@@ -77,7 +77,9 @@ pub enum Error {
     },
 
     /// The role lacks a grant, or may not use a restricted queue (SQLSTATE
-    /// `42501`); see docs/security.md.
+    /// `42501`); see docs/security.md. A restricted queue that the role
+    /// holds no right on at all answers as a queue that does not exist
+    /// ([`Error::InvalidInput`], `42704`), so that its name stays unknown.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
 

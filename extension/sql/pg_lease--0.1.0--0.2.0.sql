@@ -292,9 +292,7 @@ BEGIN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF NOT EXISTS (SELECT FROM lease.queue q WHERE q.name = _checked_queue.queue) THEN
-        RAISE EXCEPTION 'queue "%" does not exist', queue
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'Create it with lease.create_queue().';
+        PERFORM lease._no_such_queue(queue);
     END IF;
     RETURN queue;
 END
@@ -302,6 +300,19 @@ $$;
 
 COMMENT ON FUNCTION lease._checked_queue(text) IS
     'Internal: returns queue, or raises 22004 if NULL, 42704 if no such queue exists.';
+
+CREATE OR REPLACE FUNCTION lease._no_such_queue(queue text) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$
+BEGIN
+    RAISE EXCEPTION 'queue "%" does not exist', queue
+        USING ERRCODE = 'undefined_object',
+              HINT = 'Create it with lease.create_queue(); a restricted queue exists only for the roles granted on it.';
+END
+$$;
+
+COMMENT ON FUNCTION lease._no_such_queue(text) IS
+    'Internal: raises 42704, queue QUEUE does not exist (also for a restricted queue the caller holds no right on).';
 
 CREATE OR REPLACE FUNCTION lease._checked_not_null(value anyelement, what text) RETURNS anyelement
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -1030,21 +1041,35 @@ RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
 COMMENT ON FUNCTION lease._caller() IS
     'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
 
-CREATE OR REPLACE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
+CREATE OR REPLACE FUNCTION lease._access(queue text, rights text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     who constant name := lease._caller();
 BEGIN
-    IF coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _check_access.queue), false)
-       AND NOT pg_has_role(who, 'lease_admin', 'MEMBER')
-       AND NOT EXISTS (
-           SELECT FROM lease.queue_grant g
-            WHERE g.queue = _check_access.queue
-              AND ((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
-              AND pg_has_role(who, g.grantee::oid, 'MEMBER'))
-    THEN
-        RAISE EXCEPTION 'role "%" has no % right on queue "%"', who, array_to_string(rights, ' or '), queue
+    IF NOT coalesce((SELECT q.restricted FROM lease.queue q WHERE q.name = _access.queue), false)
+       OR pg_has_role(who, 'lease_admin', 'MEMBER') THEN
+        RETURN true;
+    END IF;
+    RETURN (SELECT bool_or((g.work AND 'work' = ANY (rights)) OR (g.produce AND 'produce' = ANY (rights)))
+              FROM lease.queue_grant g
+             WHERE g.queue = _access.queue AND pg_has_role(who, g.grantee::oid, 'MEMBER'));
+END
+$$;
+
+COMMENT ON FUNCTION lease._access(text, text[]) IS
+    'Internal: true if QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it; false if it holds only another right; NULL if none.';
+
+CREATE OR REPLACE FUNCTION lease._check_access(queue text, rights text[]) RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    allowed constant boolean := lease._access(queue, rights);
+BEGIN
+    IF allowed IS NULL THEN
+        PERFORM lease._no_such_queue(queue);
+    ELSIF NOT allowed THEN
+        RAISE EXCEPTION 'role "%" has no % right on queue "%"', lease._caller(), array_to_string(rights, ' or '), queue
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'An admin grants it with lease.grant(queue, role).';
     END IF;
@@ -1052,22 +1077,35 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._check_access(text, text[]) IS
-    'Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on it.';
+$$Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on
+it; 42704, as for a queue that does not exist, if the role holds no right on it at all.$$;
 
 CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    q text;
+    allowed boolean;
 BEGIN
     -- The common case, no restricted queue at all, costs one small scan.
-    IF EXISTS (SELECT FROM lease.queue q WHERE q.restricted) THEN
-        PERFORM lease._check_access(d.queue, rights)
-           FROM (SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids)) AS d;
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
+        FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids) LOOP
+            allowed := lease._access(q, rights);
+            -- A queue the role holds no right on is not named.
+            IF allowed IS NULL THEN
+                RAISE EXCEPTION 'role "%" may not act on these rows', lease._caller()
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = 'Their queue is restricted: an admin grants it with lease.grant(queue, role).';
+            ELSIF NOT allowed THEN
+                PERFORM lease._check_access(q, rights);
+            END IF;
+        END LOOP;
     END IF;
 END
 $$;
 
 COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
-    'Internal: lease._check_access for the queue of every row in IDS.';
+    'Internal: lease._check_access for the queue of every row in IDS, without naming a queue the role holds no right on.';
 
 CREATE OR REPLACE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
 RETURNS void
@@ -1155,7 +1193,7 @@ BEGIN
        SET payload = j.payload || patch
      WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
        AND j.state = 'leased' AND j.lease_until > clock_timestamp()
-    RETURNING j.queue, pg_column_size(j.payload) INTO qn, bytes;
+    RETURNING j.queue, octet_length(j.payload::text) INTO qn, bytes;
     IF bytes IS NULL THEN
         RETURN false;
     END IF;
@@ -1266,15 +1304,17 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM lease._checked_queue(queue);
     END IF;
+    -- First, so that a role that may not produce into it learns nothing of
+    -- it.
+    IF q.restricted THEN
+        PERFORM lease._check_access(queue, '{produce}');
+    END IF;
     IF q.attached THEN
         -- Its rows are the table's rows that match the predicate; a row
         -- enqueued by key would hand out one that does not.
         RAISE EXCEPTION 'queue "%" is fed by an attached table', queue
             USING ERRCODE = 'wrong_object_type',
                   HINT = 'Insert or update rows of the table so that they match its pending predicate.';
-    END IF;
-    IF q.restricted THEN
-        PERFORM lease._check_access(queue, '{produce}');
     END IF;
     PERFORM lease._check_payload_size(q, payload_bytes);
     RETURN queue;
@@ -1298,7 +1338,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     p  constant jsonb := lease._checked_not_null(payload, 'payload');
-    q  constant text := lease._checked_producer_queue(queue, pg_column_size(p));
+    q  constant text := lease._checked_producer_queue(queue, octet_length(p::text));
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
@@ -1378,7 +1418,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n  constant integer := cardinality(lease._checked_not_null(payloads, 'payloads'));
-    q  constant text := lease._checked_producer_queue(queue, (SELECT max(pg_column_size(u.p))
+    q  constant text := lease._checked_producer_queue(queue, (SELECT max(octet_length(u.p::text))
                                                                 FROM unnest(payloads) AS u(p)));
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
@@ -1502,6 +1542,9 @@ DECLARE
     target bigint;
 BEGIN
     PERFORM lease._checked_queue(queue), lease._checked_not_null(key, 'key');
+    -- Before the key is looked up: a role that may not cancel here gets the
+    -- same answer whether the key exists or not.
+    PERFORM lease._check_access(queue, '{work,produce}');
     SELECT j.id INTO target FROM lease.job j WHERE j.queue = cancel_key.queue AND j.key = cancel_key.key;
     IF target IS NULL THEN
         RETURN NULL;
@@ -1513,7 +1556,8 @@ $$;
 COMMENT ON FUNCTION lease.cancel_key(text, text) IS
 $$lease.cancel for the row of QUEUE with KEY (for an attached table: its primary key as text), for callers
 that know the key but not the row id. Returns what lease.cancel returns; NULL if no such row.
-Errors: 22004 an argument NULL; 42704 no such queue; 42501 as lease.cancel.$$;
+Errors: 22004 an argument NULL; 42704 no such queue (or a restricted one the caller holds no right on);
+42501 as lease.cancel, whether the key exists or not.$$;
 
 CREATE OR REPLACE FUNCTION lease.requeue(id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2931,7 +2975,7 @@ AS $$
 DECLARE
     n constant text := lease._checked_not_null(name, 'name');
     p constant jsonb := lease._checked_not_null(payload, 'payload');
-    q constant text := lease._checked_producer_queue(queue, pg_column_size(p));
+    q constant text := lease._checked_producer_queue(queue, octet_length(p::text));
     t constant timestamptz := clock_timestamp();
     first timestamptz;
 BEGIN
@@ -3432,8 +3476,8 @@ Both at most 36500 days. Intervals are judged by the time they add and may not h
 concurrency: at most this many rows of one concurrency_key (see lease.enqueue) are admitted at once,
 1..100000; NULL (default): no limit, and enqueues may not name a concurrency_key. Raising or removing it
 admits held rows at once; lowering it admits no more until the key is below the new limit.
-max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, as stored jsonb
-(pg_column_size), 1..268435455; default 1 MiB.
+max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, in bytes of its text
+form (octet_length(payload::text), whether or not it would be stored compressed), 1..268435455; default 1 MiB.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE OR REPLACE FUNCTION lease.pause(queue text) RETURNS boolean

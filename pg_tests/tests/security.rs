@@ -461,12 +461,18 @@ async fn a_worker_of_one_queue_cannot_touch_another() {
     let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
     let pending: i64 = scalar(&su, "SELECT id FROM lease.job WHERE state = 'pending'").await;
     let bob = cluster.connect_to(TEST_DB, "bob").await;
+    // Named, alpha is a queue bob cannot know of (42704, as if it did not
+    // exist, queue_access.rs); its rows are refused (42501).
     for sql in [
-        "SELECT * FROM lease.claim_pending(1, '1 minute', 'bob', 'alpha')".to_owned(),
-        "SELECT * FROM lease.reclaim_own(1, '1 minute', 'alice-1', 'alpha')".to_owned(),
-        "SELECT lease.bind_session('alpha', 'alice-1')".to_owned(),
+        "SELECT * FROM lease.claim_pending(1, '1 minute', 'bob', 'alpha')",
+        "SELECT * FROM lease.reclaim_own(1, '1 minute', 'alice-1', 'alpha')",
+        "SELECT lease.bind_session('alpha', 'alice-1')",
+        "SELECT lease.enqueue('alpha', '{}')",
+    ] {
+        assert_eq!(fails(&bob, sql).await, "42704", "{sql}");
+    }
+    for sql in [
         "DELETE FROM lease.session".to_owned(),
-        "SELECT lease.enqueue('alpha', '{}')".to_owned(),
         format!("SELECT lease.fenced_update({id}, {epoch}, '{{\"secret\": 2}}')"),
         format!("SELECT lease.fence({id}, {epoch})"),
         format!("SELECT lease.renew({id}, 'alice-1', {epoch}, '1 hour')"),
