@@ -114,9 +114,9 @@ impl Target {
 /// # Safety
 /// `relation` must be open.
 unsafe fn key_type(relation: pg_sys::Relation, column: &str) -> Option<&'static str> {
-    let desc = unsafe { &*(*relation).rd_att };
-    let attributes = unsafe { desc.attrs.as_slice(desc.natts as usize) };
-    let attribute = attributes
+    // SAFETY: the open relation's descriptor, not freed by this wrapper.
+    let desc = unsafe { pgrx::PgTupleDesc::from_pg_unchecked((*relation).rd_att) };
+    let attribute = desc
         .iter()
         .find(|a| !a.attisdropped && name_of(a.attname.data.as_ptr()) == column)?;
     KEY_TYPES
