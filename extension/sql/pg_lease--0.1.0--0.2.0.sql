@@ -3357,7 +3357,11 @@ RETURN least(
                             WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
       WHERE NOT q.attached),
     (SELECT min(s.next_at) FROM lease.schedule s),
-    (SELECT min(w.next_try_at) FROM lease.write_back w),
+    -- At most once a second for write-backs: one that stays due while its
+    -- owner's worker runs, waits or finds no worker slot would make every
+    -- pass a sweep of this database.
+    (SELECT greatest(min(w.next_try_at), clock_timestamp() + interval '1 second')
+       FROM lease.write_back w HAVING count(*) > 0),
     -- Sessions that leases are bound to are looked at on every pass.
     (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
 

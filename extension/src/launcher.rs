@@ -134,8 +134,12 @@ pub extern "C-unwind" fn pg_lease_launcher_main(_arg: pg_sys::Datum) {
         if !known.worth_a_pass(&touched, &hot, &woken) {
             continue;
         }
-        let listed = databases();
+        let mut listed = databases();
         known.listed(&listed);
+        // Longest unlooked-at first: when sweep slots are scarce (every
+        // worker slot taken, the reserve sweeping one database at a time),
+        // a database that is due every pass must not keep the others out.
+        listed.sort_by_key(|(oid, _)| known.last_look(*oid));
         for (oid, name) in listed {
             let hot = shared::touched(&hot, oid);
             // An explicit wake counts as a touch, at most once a DUE_GAP.
@@ -254,6 +258,11 @@ impl Known {
             let then = k.checked_at + gap;
             k.due_at = Some(k.due_at.map_or(then, |t| t.min(then)));
         }
+    }
+
+    /// When `oid` was last looked at (`None`: never).
+    fn last_look(&self, oid: pg_sys::Oid) -> Option<Instant> {
+        self.databases.get(&oid).map(|k| k.checked_at)
     }
 
     /// Whether `oid` was last looked at `gap` ago or longer (or never).

@@ -95,6 +95,10 @@ static SLOT_SHORTAGES: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_lease s
 static LAST_SLOT_SHORTAGE: PgAtomic<AtomicU64> =
     unsafe { PgAtomic::new(c"pg_lease last slot shortage") };
 
+/// When the log last warned of a slot shortage (Unix seconds).
+static LAST_SHORTAGE_WARNING: PgAtomic<AtomicU64> =
+    unsafe { PgAtomic::new(c"pg_lease last shortage warning") };
+
 /// Address of the launcher's latch in shared memory (0 while none runs).
 static LAUNCHER_LATCH: PgAtomic<AtomicUsize> = unsafe { PgAtomic::new(c"pg_lease launcher latch") };
 
@@ -121,6 +125,7 @@ pub fn init() {
     pg_shmem_init!(LAUNCHER_LATCH = AtomicUsize::new(0));
     pg_shmem_init!(SLOT_SHORTAGES = AtomicU64::new(0));
     pg_shmem_init!(LAST_SLOT_SHORTAGE = AtomicU64::new(0));
+    pg_shmem_init!(LAST_SHORTAGE_WARNING = AtomicU64::new(0));
     PRELOADED.store(true, Ordering::Relaxed);
 }
 
@@ -368,20 +373,36 @@ fn wake_launcher() {
 }
 
 /// Counts a worker of the reaper (a sweeper, a write-back worker) that
-/// could not start for want of a worker slot. True for the first such
-/// shortage in [`SHORTAGE_WARNING_GAP`]: the caller warns then, and only
-/// then, so that a lasting shortage costs one log line a minute, not one a
-/// pass.
-pub fn count_slot_shortage() -> bool {
+/// could not start for want of a worker slot.
+pub fn count_slot_shortage() {
+    if preloaded() {
+        SLOT_SHORTAGES.get().fetch_add(1, Ordering::Relaxed);
+        LAST_SLOT_SHORTAGE
+            .get()
+            .store(unix_seconds(), Ordering::Relaxed);
+    }
+}
+
+/// Whether to warn of a slot shortage now: true at most once in
+/// [`SHORTAGE_WARNING_GAP`], so that a lasting shortage costs one log line a
+/// minute, not one a pass.
+pub fn warn_of_shortage() -> bool {
     if !preloaded() {
         return true;
     }
-    SLOT_SHORTAGES.get().fetch_add(1, Ordering::Relaxed);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let before = LAST_SLOT_SHORTAGE.get().swap(now, Ordering::Relaxed);
+    let now = unix_seconds();
+    let last = LAST_SHORTAGE_WARNING.get();
+    let before = last.load(Ordering::Relaxed);
     now.saturating_sub(before) >= SHORTAGE_WARNING_GAP.as_secs()
+        && last
+            .compare_exchange(before, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The least time between two warnings of a worker slot shortage.

@@ -81,7 +81,7 @@ impl Sweeps {
         }
         // Every worker slot is taken (parallel query, say): the reserve's
         // is not.
-        let warn = shared::count_slot_shortage();
+        shared::count_slot_shortage();
         if !self.running.iter().any(|s| s.slot == RESERVE_SLOT) {
             shared::clear_findings(RESERVE_SLOT);
             if reserve::ask(oid, vacuumed) {
@@ -89,7 +89,7 @@ impl Sweeps {
                 return Ok(());
             }
         }
-        if warn {
+        if shared::warn_of_shortage() {
             warning!(
                 "pg_lease: no free background worker slot to sweep database \"{name}\"; raise max_worker_processes"
             );

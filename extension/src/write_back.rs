@@ -110,7 +110,8 @@ pub fn start(database: pg_sys::Oid, owner: &Owner) {
     if started.is_err() {
         // Not at once again: a lasting shortage would start (and warn) every pass.
         Running::pause(database, owner.oid, PAUSE_AFTER_IDLE);
-        if shared::count_slot_shortage() {
+        shared::count_slot_shortage();
+        if shared::warn_of_shortage() {
             warning!("pg_lease: no free background worker slot to apply write-backs; raise max_worker_processes");
         }
     }

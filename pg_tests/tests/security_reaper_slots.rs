@@ -135,6 +135,15 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
             .await
             .expect("enqueue");
     }
+    // A write-back due during the attack: its worker, unlike a sweep, has
+    // no slot of its own to fall back on.
+    su.batch_execute(
+        "CREATE TABLE task (id text PRIMARY KEY, status text NOT NULL);
+         SELECT lease.attach('task', $$status = 'new'$$, on_cancel => $$status = 'cancelled'$$);
+         INSERT INTO task VALUES ('a', 'new');",
+    )
+    .await
+    .expect("an attached table");
 
     let attack = occupy(&cluster, 3).await;
     // Every slot not taken at start-up (the launcher's, the reserve's) is
@@ -150,12 +159,17 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
     .await;
 
     for db in [&su, &other] {
-        db.batch_execute("SELECT lease.claim_pending(1, '100 ms', 'crashed')")
+        db.batch_execute("SELECT lease.claim_pending(1, '100 ms', 'crashed', 'default')")
             .await
             .expect("claim");
     }
+    su.batch_execute("SELECT lease.cancel_key('task', 'a')")
+        .await
+        .expect("cancel");
     let recovered = recovery(&su, Duration::from_secs(5)).await;
     let recovered_other = recovery(&other, Duration::from_secs(5)).await;
+    // Three seconds more of the attack, thirty passes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let still_attacking: i64 = scalar(
         &su,
         "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'parallel worker'",
@@ -171,6 +185,16 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
     // And the attack did keep the launcher from starting a sweeper.
     let shortages: i64 = scalar(&su, "SELECT slot_shortages FROM lease.reaper_stats").await;
     assert!(shortages > 0, "no slot shortage: the attack missed");
+    // Counted every time, warned of once a minute (failed before: a
+    // warning per pass for the write-back worker, as the review's 69 in 8 s).
+    let warnings = cluster
+        .server_log()
+        .matches("no free background worker slot")
+        .count();
+    assert!(
+        warnings <= 2,
+        "{warnings} warnings for {shortages} shortages"
+    );
     eprintln!("recovered {took:?} after the claim");
 }
 
@@ -180,7 +204,12 @@ async fn parallel_workers_of_another_role_do_not_stop_reaping() {
 async fn recovery(su: &Client, within: Duration) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < within {
-        if scalar::<bool>(su, "SELECT state = 'pending' FROM lease.job").await {
+        if scalar::<bool>(
+            su,
+            "SELECT state = 'pending' FROM lease.job WHERE queue = 'default'",
+        )
+        .await
+        {
             return Some(start.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
