@@ -45,8 +45,9 @@ queue; 42501 the queue is restricted and the caller may not work it.$$;
 -- enqueue, 12k without), so only the rows that make a queue non-empty
 -- announce themselves: while ready rows wait, every worker is either
 -- claiming or about to (a worker idles only after a claim that found fewer
--- rows than it asked for). In the narrow race where that claim's snapshot
--- missed the row, the worker's poll picks it up.
+-- rows than it asked for). In the race where that claim's snapshot missed
+-- the row, the Worker's rechecks (claims at 10 ms, 20 ms, ... after its last
+-- rows came, up to its poll interval) pick it up.
 CREATE FUNCTION lease._wake(queue text, added integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$

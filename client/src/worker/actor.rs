@@ -94,11 +94,24 @@ struct Claims {
     /// process is running (they are this owner's too).
     reclaiming: bool,
     /// The last claim found fewer rows than it asked for: wait for a
-    /// wake-up or for `not_before` (the poll interval).
+    /// wake-up or for `not_before`.
     idle: bool,
     not_before: Instant,
+    /// How long an idle worker waits for a wake-up before it claims again:
+    /// [`RECHECK_FIRST`] after rows came, doubling after each claim that
+    /// found none, up to the poll interval.
+    recheck: Duration,
     backoff: Backoff,
 }
+
+/// The first recheck after work. A wake-up can be missed: an enqueue
+/// announces itself only when it sees no other ready rows
+/// (`lease._wake`), and a claim running meanwhile may take those rows
+/// without seeing the new ones, which commit just after its snapshot (or,
+/// in a longer transaction, whenever it commits). Such rows wait for the
+/// next claim; rechecking soon after work finds them in milliseconds, not
+/// a poll interval, at the cost of a few empty claims per idle spell.
+const RECHECK_FIRST: Duration = Duration::from_millis(10);
 
 /// Runs until `shutdown` fires (or a claim fails for good), then lets the
 /// running handlers finish within the grace period and returns once every
@@ -117,6 +130,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
         reclaiming: cfg.reclaim_own,
         idle: false,
         not_before: Instant::now(),
+        recheck: RECHECK_FIRST,
         backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)),
     };
     let mut release_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
@@ -248,7 +262,7 @@ pub(super) async fn actor(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> Resul
             Some(done) = releasing.next(), if !releasing.is_empty() => {
                 idle_lanes.push(done.lane);
                 leases.in_flight -= done.counted;
-                if take_released(ctx, &claims, &mut leases, done.released) {
+                if take_released(ctx, &mut claims, &mut leases, done.released) {
                     release_not_before = Instant::now() + release_backoff.next();
                 } else {
                     pace.trip_took(done.took);
@@ -322,8 +336,16 @@ fn claim(
 /// Takes in what releasing a batch returned: the rows claimed in its
 /// statement, and the leases whose release is to be tried again (true if
 /// there are any).
-fn take_released(ctx: &Arc<Ctx>, claims: &Claims, leases: &mut Leases, released: Released) -> bool {
+fn take_released(
+    ctx: &Arc<Ctx>,
+    claims: &mut Claims,
+    leases: &mut Leases,
+    released: Released,
+) -> bool {
     let Released { retry, claimed } = released;
+    if !claimed.is_empty() {
+        claims.recheck = RECHECK_FIRST;
+    }
     ctx.counters.took(&claimed);
     take_up(ctx, claims, leases, claimed);
     let again = !retry.is_empty();
@@ -360,9 +382,13 @@ fn claimed(
             } else {
                 tracing::debug!(queue = %cfg.queue, claimed = got, asked, "claimed");
                 ctx.counters.took(&rows);
+                if got > 0 {
+                    claims.recheck = RECHECK_FIRST;
+                }
                 if got < asked {
                     claims.idle = true;
-                    claims.not_before = Instant::now() + cfg.poll_interval;
+                    claims.not_before = Instant::now() + claims.recheck;
+                    claims.recheck = (claims.recheck * 2).min(cfg.poll_interval);
                 }
             }
             take_up(ctx, claims, leases, rows);

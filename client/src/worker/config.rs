@@ -54,7 +54,11 @@ pub struct WorkerConfig {
     pub request_timeout: Duration,
     /// Claim at least this often when idle, whether or not a notification
     /// came (the fallback when `LISTEN` is off or unavailable, and the
-    /// pick-up delay of retries, which are not notified). Default 2 s.
+    /// pick-up delay of retries, which are not notified). After work the
+    /// wait starts shorter: 10 ms after the last claimed rows came, doubling
+    /// with each claim that finds none, up to this; so a row whose
+    /// notification was never sent (it was enqueued while a claim took the
+    /// rows before it) waits milliseconds, not this long. Default 2 s.
     pub poll_interval: Duration,
     /// Open a second connection that `LISTEN`s on the queue's channel
     /// (`lease.ready_channel`) and claim as soon as it is notified. Turn off behind a

@@ -68,7 +68,9 @@ type HandlerFn = dyn Fn(Job) -> BoxFuture + Send + Sync;
 /// * **Wake-ups.** A second connection `LISTEN`s on the queue's channel
 ///   (`lease.ready_channel`); a notification triggers a claim at once. Without it (or
 ///   when it fails) the worker claims every
-///   [`poll_interval`](WorkerConfig::poll_interval).
+///   [`poll_interval`](WorkerConfig::poll_interval), and sooner after work
+///   (from 10 ms, doubling), which finds the rows whose notification was
+///   never sent because they came while a claim took the rows before them.
 /// * **Heartbeat.** Every [`renew_every`](WorkerConfig::renew_every), one
 ///   `renew_batch` call (on its own connection) renews every lease the
 ///   worker holds.
