@@ -5,7 +5,7 @@ harness's own outputs and a summary table under OUT.
 
   python sweep.py HARNESS_DIR OUT [--systems a,b] [--cells c,d] [--fast]
                   [--widths 64,256] [--latency-rate N] [--chaos a,b]
-                  [--pressure a,b] [--append]
+                  [--pressure a,b] [--append] [--tag SUFFIX]
 
 Cells (in this order): throughput (depth-target 4000, one run per width),
 latency (fixed rate at half awa's peak, or --latency-rate), chaos (the five
@@ -70,7 +70,8 @@ def fast_chaos_phases(scenario: str) -> list[str]:
 
 
 class Sweep:
-    def __init__(self, harness: Path, out: Path, fast: bool) -> None:
+    def __init__(self, harness: Path, out: Path, fast: bool, tag: str) -> None:
+        self.tag = tag
         self.harness = harness
         self.out = out
         self.fast = fast
@@ -80,6 +81,7 @@ class Sweep:
 
     def run(self, cell: str, systems: list[str], args: list[str], timeout: int | None = None) -> dict | None:
         """One `bench run`; returns its summary.json (None if it failed)."""
+        cell += self.tag
         log = self.out / "logs" / f"{cell}.log"
         argv = [sys.executable, str(HERE / "run.py"), str(self.harness), "run",
                 "--systems", ",".join(systems), *args]
@@ -143,12 +145,13 @@ def main() -> int:
     ap.add_argument("--chaos", default=",".join(CHAOS), help="chaos scenarios to run")
     ap.add_argument("--pressure", default=",".join(PRESSURE), help="pressure cells to run")
     ap.add_argument("--append", action="store_true", help="add to OUT's earlier cells")
+    ap.add_argument("--tag", default="", help="suffix of this run's cell names (a rerun beside earlier ones)")
     ap.add_argument("--fast", action="store_true")
     a = ap.parse_args()
     sys.path.insert(0, str(a.harness.resolve()))
     systems = a.systems.split(",")
     cells = a.cells.split(",")
-    sweep = Sweep(a.harness.resolve(), a.out.resolve(), a.fast)
+    sweep = Sweep(a.harness.resolve(), a.out.resolve(), a.fast, a.tag)
     fast = ["--fast"] if a.fast else []
     phases = lambda specs: [x for s in specs for x in ("--phase", shorten(s, a.fast))]  # noqa: E731
 
