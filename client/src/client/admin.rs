@@ -273,20 +273,16 @@ impl Client {
     ///
     /// Payloads included: [`Client::job_summaries`] leaves them out.
     pub async fn jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>> {
-        if let Some(key) = &filter.key {
-            let Some(queue) = &filter.queue else {
-                return Err(Error::invalid("a key filter needs a queue"));
-            };
-            let row = self.job_by_key(queue, key).await?;
-            return Ok(row
-                .into_iter()
-                .filter(|j| in_filter(filter, j.state, j.id))
-                .collect());
-        }
-        let queue = filter.queue.as_deref();
-        let state = filter.state.map(state_name);
-        let limit = i64::from(filter.limit);
-        let after = filter.after.unwrap_or(i64::MIN);
+        let (queue, state, limit, after) = match lookup(filter)? {
+            Lookup::Key { queue, key } => {
+                let row = self.job_by_key(queue, key).await?;
+                return Ok(row
+                    .into_iter()
+                    .filter(|j| in_filter(filter, j.state, j.id))
+                    .collect());
+            }
+            Lookup::Page(page) => page,
+        };
         self.call(|c| async move {
             let rows = c
                 .query(Query::Jobs, &[&queue, &state, &limit, &after])
@@ -334,6 +330,27 @@ impl Client {
 
 /// Whether the row of a key, in `state` with `id`, is on the page `filter`
 /// asks for (the key itself found it).
+/// What a [`JobFilter`] reads: the row of one key in one queue, or a page
+/// (queue, state name, limit, the id it starts after).
+pub(super) enum Lookup<'a> {
+    Key { queue: &'a str, key: &'a str },
+    Page((Option<&'a str>, Option<&'static str>, i64, i64)),
+}
+
+/// The lookup `filter` asks for; a key without a queue is refused.
+pub(super) fn lookup(filter: &JobFilter) -> Result<Lookup<'_>> {
+    match (&filter.key, &filter.queue) {
+        (Some(_), None) => Err(Error::invalid("a key filter needs a queue")),
+        (Some(key), Some(queue)) => Ok(Lookup::Key { queue, key }),
+        (None, queue) => Ok(Lookup::Page((
+            queue.as_deref(),
+            filter.state.map(state_name),
+            i64::from(filter.limit),
+            filter.after.unwrap_or(i64::MIN),
+        ))),
+    }
+}
+
 pub(super) fn in_filter(filter: &JobFilter, state: JobState, id: i64) -> bool {
     filter.state.is_none_or(|s| s == state)
         && filter.after.is_none_or(|after| id > after)

@@ -4,11 +4,11 @@
 
 use tokio_postgres::Row;
 
-use super::admin::{in_filter, state_name};
+use super::admin::{in_filter, lookup, Lookup};
 use super::rows::{col, count_arg};
 use super::statements::Query;
 use super::Client;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::queue::{DeadLetterSummary, JobFilter, JobPreview, JobSummary};
 
 impl Client {
@@ -45,26 +45,21 @@ impl Client {
     /// way and with the same rights (the superuser), each `last_error` cut
     /// after 2,000 characters.
     pub async fn job_summaries(&self, filter: &JobFilter) -> Result<Vec<JobSummary>> {
-        if let Some(key) = &filter.key {
-            let Some(queue) = &filter.queue else {
-                return Err(Error::invalid("a key filter needs a queue"));
-            };
-            let (queue, key) = (queue.as_str(), key.as_str());
-            let row = self
-                .call(|c| async move {
-                    let rows = c.query(Query::JobSummaryByKey, &[&queue, &key]).await?;
-                    rows.first().map(job_summary).transpose()
-                })
-                .await?;
-            return Ok(row
-                .into_iter()
-                .filter(|j| in_filter(filter, j.state, j.id))
-                .collect());
-        }
-        let queue = filter.queue.as_deref();
-        let state = filter.state.map(state_name);
-        let limit = i64::from(filter.limit);
-        let after = filter.after.unwrap_or(i64::MIN);
+        let (queue, state, limit, after) = match lookup(filter)? {
+            Lookup::Key { queue, key } => {
+                let row = self
+                    .call(|c| async move {
+                        let rows = c.query(Query::JobSummaryByKey, &[&queue, &key]).await?;
+                        rows.first().map(job_summary).transpose()
+                    })
+                    .await?;
+                return Ok(row
+                    .into_iter()
+                    .filter(|j| in_filter(filter, j.state, j.id))
+                    .collect());
+            }
+            Lookup::Page(page) => page,
+        };
         self.call(|c| async move {
             let rows = c
                 .query(Query::JobSummaries, &[&queue, &state, &limit, &after])
