@@ -99,20 +99,22 @@ class Sweep:
                 subprocess.run(["docker", "compose", "down", "-v"], cwd=self.harness)
         took = time.time() - started
         text = log.read_text(errors="replace")
-        found = re.findall(r"results at: (\S+)", text)
+        # A run that failed part-way leaves the summary of the systems it
+        # finished (the harness writes it after each).
+        found = re.findall(r"run_id = (\S+)", text)
         print(f"[field-bench] {cell}: rc={rc} in {took:.0f}s", flush=True)
         self.record_checks(cell)
-        if not found:
+        run_dir = self.harness / "results" / found[-1] if found else None
+        if run_dir is None or not (run_dir / "summary.json").exists():
             self.rows.append({"cell": cell, "systems": systems, "rc": rc, "summary": None})
             return None
-        run_dir = Path(found[-1])
         keep = self.out / "runs" / cell
         shutil.rmtree(keep, ignore_errors=True)
         keep.mkdir(parents=True)
         for name in ("summary.json", "manifest.json", "README.md"):
             if (run_dir / name).exists():
                 shutil.copy(run_dir / name, keep / name)
-        for png in ("throughput", "claim_p99", "queue_depth", "dead_tuples"):
+        for png in ("throughput", "claim_p99", "dead_tuples"):
             src = run_dir / "plots" / f"{png}.png"
             if src.exists():
                 shutil.copy(src, keep / f"{png}.png")
