@@ -196,6 +196,7 @@ BEGIN
     IF "table" IS NULL OR pending IS NULL THEN
         RAISE EXCEPTION 'table and pending must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM lease._refuse_if_distributed('attach');
     SELECT a.attnum, a.attname, a.atttypid::regtype INTO key_attnum, key_col, key_type
       FROM pg_index i
       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
@@ -268,8 +269,8 @@ records a write-back (lease.write_backs), which lease.apply_write_backs applies 
 and only in a session of the owner's, in a function <table>_pg_lease_outcome that attach creates in the
 table's schema.
 The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL; 42703 no
-such order_by column; 0A000 order_by not a time or integer type;
-0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
+such order_by column; 0A000 order_by not a time or integer type; 0A000 a distributed install
+(lease.distribute); 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
 already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
 over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner, no CREATE on its
 schema (with on_dead/on_cancel, and always without the library) or, without the library, the installing role

@@ -105,11 +105,15 @@ BEGIN
                owner       = o,
                epoch       = greatest(j.epoch + 1, f),
                attempt     = j.attempt + 1,
-               lease_until = clock_timestamp() + d
-         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+               lease_until = t + d
+         WHERE j.queue = q AND j.id = ANY (ARRAY(SELECT p.id FROM picked p))
         RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
                   j.priority, j.rank
     )
+    -- The UPDATE names the queue and takes the time from t: on a distributed
+    -- install (citus.sql) it runs on the queue's node, which would send it
+    -- to every shard without the queue, and Citus refuses a VOLATILE
+    -- function in an UPDATE.
     -- The UPDATE returns rows in the order it meets them, not the order
     -- they were picked in; callers start a batch from its first row.
     SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.next_at

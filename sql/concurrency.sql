@@ -181,7 +181,8 @@ BEGIN
     -- Keys with nothing admitted or held; a producer that is about to use
     -- one holds it locked, or re-creates it.
     DELETE FROM lease.key_slot k
-     WHERE (k.queue, k.key) IN (SELECT e.queue, e.key FROM lease.key_slot e
+     WHERE (only_queue IS NULL OR k.queue = only_queue)
+       AND (k.queue, k.key) IN (SELECT e.queue, e.key FROM lease.key_slot e
                                  WHERE e.active = 0 AND e.waiting = 0
                                    AND (only_queue IS NULL OR e.queue = only_queue)
                                  LIMIT 10000

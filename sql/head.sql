@@ -77,6 +77,7 @@ DECLARE
     r bigint;
     n timestamptz;
     i bigint;
+    t timestamptz;
 BEGIN
     -- Only a statement snapshot taken after the lock sees every writer that
     -- made rows pending; a transaction snapshot may predate them.
@@ -119,9 +120,12 @@ BEGIN
         n := 'infinity';
         i := 9223372036854775807;
     END IF;
+    -- A variable, not clock_timestamp() in the UPDATE: Citus refuses a
+    -- VOLATILE function there (citus.sql).
+    t := clock_timestamp();
     UPDATE lease.queue q
-       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i, head_raised_at = clock_timestamp(),
-           head_checked_at = CASE WHEN from_start THEN clock_timestamp() ELSE q.head_checked_at END
+       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i, head_raised_at = t,
+           head_checked_at = CASE WHEN from_start THEN t ELSE q.head_checked_at END
      WHERE q.name = _raise_head.queue;
     RETURN true;
 END

@@ -105,6 +105,9 @@ GRANT EXECUTE ON FUNCTION
     lease._attached_row_changed(),
     -- Prints the caller's own view; changes nothing.
     lease._qualified_predicate(oid, oid, text),
+    -- attach's refusal on a distributed install; read Citus's catalog only.
+    lease._refuse_if_distributed(text),
+    lease._distributed(),
     -- Read the reaper's shared-memory counters for lease.reaper_stats (a
     -- view's function calls are checked against the reader).
     lease._reaper_slot_shortages(),

@@ -568,6 +568,7 @@ DECLARE
     r bigint;
     n timestamptz;
     i bigint;
+    t timestamptz;
 BEGIN
     -- Only a statement snapshot taken after the lock sees every writer that
     -- made rows pending; a transaction snapshot may predate them.
@@ -610,9 +611,12 @@ BEGIN
         n := 'infinity';
         i := 9223372036854775807;
     END IF;
+    -- A variable, not clock_timestamp() in the UPDATE: Citus refuses a
+    -- VOLATILE function there (citus.sql).
+    t := clock_timestamp();
     UPDATE lease.queue q
-       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i, head_raised_at = clock_timestamp(),
-           head_checked_at = CASE WHEN from_start THEN clock_timestamp() ELSE q.head_checked_at END
+       SET head_priority = p, head_rank = r, head_next_at = n, head_id = i, head_raised_at = t,
+           head_checked_at = CASE WHEN from_start THEN t ELSE q.head_checked_at END
      WHERE q.name = _raise_head.queue;
     RETURN true;
 END
@@ -2010,11 +2014,15 @@ BEGIN
                owner       = o,
                epoch       = greatest(j.epoch + 1, f),
                attempt     = j.attempt + 1,
-               lease_until = clock_timestamp() + d
-         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+               lease_until = t + d
+         WHERE j.queue = q AND j.id = ANY (ARRAY(SELECT p.id FROM picked p))
         RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
                   j.priority, j.rank
     )
+    -- The UPDATE names the queue and takes the time from t: on a distributed
+    -- install (citus.sql) it runs on the queue's node, which would send it
+    -- to every shard without the queue, and Citus refuses a VOLATILE
+    -- function in an UPDATE.
     -- The UPDATE returns rows in the order it meets them, not the order
     -- they were picked in; callers start a batch from its first row.
     SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.next_at
@@ -2302,6 +2310,7 @@ BEGIN
     IF "table" IS NULL OR pending IS NULL THEN
         RAISE EXCEPTION 'table and pending must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM lease._refuse_if_distributed('attach');
     SELECT a.attnum, a.attname, a.atttypid::regtype INTO key_attnum, key_col, key_type
       FROM pg_index i
       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
@@ -2374,8 +2383,8 @@ records a write-back (lease.write_backs), which lease.apply_write_backs applies 
 and only in a session of the owner's, in a function <table>_pg_lease_outcome that attach creates in the
 table's schema.
 The caller must own the table and be a lease_admin. Errors: 22004 table or pending NULL; 42703 no
-such order_by column; 0A000 order_by not a time or integer type;
-0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
+such order_by column; 0A000 order_by not a time or integer type; 0A000 a distributed install
+(lease.distribute); 0A000 no single-column primary key of type bigint, integer, smallint, uuid, text or varchar; 42710
 already attached, or the queue exists; 42601, 42703, 42804: the predicate does not parse as a boolean
 over the table's columns; 0A000: it contains a subquery; 42501 not the table's owner, no CREATE on its
 schema (with on_dead/on_cancel, and always without the library) or, without the library, the installing role
@@ -3964,7 +3973,8 @@ BEGIN
     -- Keys with nothing admitted or held; a producer that is about to use
     -- one holds it locked, or re-creates it.
     DELETE FROM lease.key_slot k
-     WHERE (k.queue, k.key) IN (SELECT e.queue, e.key FROM lease.key_slot e
+     WHERE (only_queue IS NULL OR k.queue = only_queue)
+       AND (k.queue, k.key) IN (SELECT e.queue, e.key FROM lease.key_slot e
                                  WHERE e.active = 0 AND e.waiting = 0
                                    AND (only_queue IS NULL OR e.queue = only_queue)
                                  LIMIT 10000
@@ -4070,6 +4080,169 @@ CREATE EVENT TRIGGER pg_lease_remember_named_epochs ON ddl_command_start
 WHEN TAG IN ('DROP EXTENSION')
 EXECUTE FUNCTION lease._remember_named_epochs();
 
+-- citus.sql: a distributed install on Citus (new).
+
+CREATE FUNCTION lease._distributed() RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found boolean;
+BEGIN
+    -- Citus's catalog exists only where Citus is installed: read it by name.
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1)'
+       INTO found USING 'lease.job'::regclass;
+    RETURN found;
+END
+$$;
+
+COMMENT ON FUNCTION lease._distributed() IS
+$$Internal: whether lease.distribute() has made this a distributed install (lease.job is a Citus
+distributed table).$$;
+
+CREATE FUNCTION lease._refuse_if_distributed(what text) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lease._distributed() THEN
+        RAISE EXCEPTION '% is not supported on a distributed install', what
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'docs/operations.md, "Outgrowing one PostgreSQL: Citus", lists what is.';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._refuse_if_distributed(text) IS
+$$Internal: raises 0A000 naming WHAT when this is a distributed install (lease.distribute()).$$;
+
+CREATE FUNCTION lease._assign_id_ranges() RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    prev text;
+    failed text;
+BEGIN
+    -- Each node draws lease.job ids from a sequence of its own, set from its
+    -- own WAL position at install (privileges.sql), so two nodes' ids
+    -- overlap: give node group g the ids from g * 2^48 + 1 to (g + 1) * 2^48 - 1,
+    -- starting at its WAL position within them, as the install does, so a
+    -- reinstall never issues an id again. The coordinator (group 0) keeps
+    -- its position, below 2^48. A node that has its range keeps it.
+    SELECT pg_catalog.string_agg(pg_catalog.format('%s:%s: %s', w.nodename, w.nodeport, w.result), '; ')
+      INTO failed
+      FROM run_command_on_workers($cmd$
+        DO $do$
+        DECLARE
+            g constant bigint := (SELECT groupid FROM pg_catalog.pg_dist_local_group);
+            low constant bigint := g * 281474976710656 + 1;
+        BEGIN
+            IF (SELECT s.seqmin FROM pg_catalog.pg_sequence s
+                 WHERE s.seqrelid = 'lease.job_id_seq'::regclass) <> low THEN
+                SET LOCAL citus.enable_ddl_propagation = off;
+                EXECUTE pg_catalog.format('ALTER SEQUENCE lease.job_id_seq MINVALUE %s MAXVALUE %s START %s RESTART %s',
+                                          low, low + 281474976710654, low,
+                                          low + (pg_catalog.pg_current_wal_lsn() OPERATOR(pg_catalog.-) '0/0')::bigint);
+            END IF;
+        END
+        $do$
+    $cmd$) AS w
+     WHERE NOT w.success;
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'could not give the worker nodes their id ranges: %', failed;
+    END IF;
+    -- Not propagated: the workers' sequences have their own bounds.
+    prev := pg_catalog.current_setting('citus.enable_ddl_propagation');
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
+    ALTER SEQUENCE lease.job_id_seq MAXVALUE 281474976710656;
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', prev, true);
+END
+$$;
+
+COMMENT ON FUNCTION lease._assign_id_ranges() IS
+$$Internal (lease.distribute): gives every worker node's lease.job id sequence a range of its own (group g:
+g * 2^48 + 1 to (g + 1) * 2^48 - 1), so that ids are unique across the cluster; the coordinator keeps 1 .. 2^48.$$;
+
+CREATE FUNCTION lease.distribute(shard_count integer DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    coordinator boolean;
+    t text;
+    f text;
+    -- The functions forwarded to the node of their queue.
+    forwarded constant text[] := ARRAY[
+        'lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)',
+        'lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)',
+        'lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])',
+        'lease.claim_pending(integer, interval, text, text)'];
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RAISE EXCEPTION 'lease.distribute() needs the citus extension in this database'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Preload citus, CREATE EXTENSION citus and add the worker nodes first.';
+    END IF;
+    IF lease._distributed() THEN
+        -- Again after nodes were added: their id ranges.
+        PERFORM lease._assign_id_ranges();
+        RETURN;
+    END IF;
+    EXECUTE 'SELECT citus_is_coordinator()' INTO STRICT coordinator;
+    IF NOT coordinator THEN
+        RAISE EXCEPTION 'lease.distribute() runs on the coordinator' USING ERRCODE = 'feature_not_supported';
+    END IF;
+    IF EXISTS (SELECT FROM lease.attachment) THEN
+        RAISE EXCEPTION 'a database with attached tables cannot be distributed'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Detach them first (lease.detach).';
+    END IF;
+    -- A distributed function's command (the ALTER FUNCTION below) must
+    -- come over one connection per node, so the copies do too.
+    PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    IF shard_count IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('citus.shard_count', shard_count::text, true);
+    END IF;
+    -- Citus distributes no table with triggers; this one serves only attached
+    -- tables, which a distributed install refuses.
+    DROP TRIGGER pg_lease_outcome ON lease.job;
+    -- A unique key of a distributed table holds its distribution column.
+    -- Ids stay unique across nodes by lease._assign_id_ranges.
+    ALTER TABLE lease.job DROP CONSTRAINT job_pkey, ADD PRIMARY KEY (id, queue);
+    PERFORM create_distributed_table('lease.queue', 'name');
+    FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session'] LOOP
+        PERFORM create_distributed_table(t::regclass, 'queue', colocate_with := 'lease.queue');
+    END LOOP;
+    FOREACH f IN ARRAY forwarded LOOP
+        PERFORM create_distributed_function(f::regprocedure,
+            CASE WHEN f LIKE 'lease.create_queue(%' THEN 'name' ELSE 'queue' END,
+            colocate_with := 'lease.queue');
+    END LOOP;
+    PERFORM lease._assign_id_ranges();
+    -- Citus cannot route every statement of a generic plan, whose queue is
+    -- a parameter: plan each statement of a forwarded call, and of the
+    -- functions it calls, for that call's queue (claim.sql says what the
+    -- generic plan saves on a single node).
+    FOREACH f IN ARRAY forwarded LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease.distribute(integer) IS
+$$Makes this database's pg_lease a distributed install on Citus (run it once on the coordinator, as the
+extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
+by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
+enqueue, enqueue_batch and claim_pending are forwarded to the node holding their queue, one round trip.
+SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
+call it again after adding nodes, to give them theirs (it changes nothing else the second time).
+Experimental: docs/operations.md says what a distributed install supports so far.
+Errors: 0A000 no Citus here, not the coordinator, or attached tables exist.$$;
+
 -- Privileges ----------------------------------------------------------------
 
 REVOKE ALL ON ALL TABLES IN SCHEMA lease FROM PUBLIC;
@@ -4115,6 +4288,8 @@ GRANT EXECUTE ON FUNCTION
     lease._detach_unregister(regclass),
     lease._attached_row_changed(),
     lease._qualified_predicate(oid, oid, text),
+    lease._refuse_if_distributed(text),
+    lease._distributed(),
     lease._reaper_slot_shortages(),
     lease._reaper_last_slot_shortage(),
     lease._sweep_holder(),

@@ -124,6 +124,7 @@ pgrx::extension_sql_file!(
         statement::own_transaction
     ]
 );
+pgrx::extension_sql_file!("../../sql/citus.sql", name = "citus", requires = ["schema"]);
 pgrx::extension_sql_file!(
     "../../sql/fence.sql",
     name = "fence",
@@ -140,6 +141,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "access",
+        "citus",
         "head",
         "metrics",
         "outcome",

@@ -32,6 +32,7 @@
 
 pub mod catalog;
 pub mod child;
+pub mod citus;
 pub mod claims;
 pub mod jobs;
 pub mod pgbouncer;

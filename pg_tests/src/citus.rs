@@ -1,0 +1,90 @@
+//! A Citus cluster of real servers: a coordinator and worker nodes, each a
+//! [`Cluster`] of its own with `citus` and `pg_lease` preloaded, joined by
+//! `citus_add_node`, pg_lease created on the coordinator (Citus creates it on
+//! the workers). Citus is built for Debian's PostgreSQL by `bin/prereqs`;
+//! where it is missing, [`CitusCluster::start`] says so and the suites that
+//! need it are reported SKIPPED by `bin/test`.
+
+use crate::{Cluster, ClusterConfig, EXTENSION, TEST_DB};
+use std::time::Duration;
+
+/// Whether Citus is installed for the PostgreSQL under test.
+pub fn citus_available() -> bool {
+    let bin = crate::pg_bin_dir();
+    bin.parent()
+        .is_some_and(|root| root.join("lib").join("citus.so").is_file())
+}
+
+/// A coordinator and its worker nodes; dropping it stops every server.
+#[derive(Debug)]
+pub struct CitusCluster {
+    /// The node clients connect to; it holds no shards.
+    pub coordinator: Cluster,
+    /// The nodes that hold the shards, in the order they were added.
+    pub workers: Vec<Cluster>,
+}
+
+impl CitusCluster {
+    /// Starts a coordinator and `workers` worker nodes, each with the
+    /// reaper sweeping every `sweep_interval`. Panics with a clear message
+    /// if Citus is missing ([`citus_available`]) or a step fails.
+    pub fn start(workers: usize, sweep_interval: Duration) -> CitusCluster {
+        assert!(
+            citus_available(),
+            "pg_tests: Citus is not installed for this PostgreSQL (bin/prereqs builds it for \
+             PostgreSQL 15 from ../shared/citus/)"
+        );
+        let config = ClusterConfig {
+            extra_conf: vec![
+                format!("shared_preload_libraries = 'citus,{EXTENSION}'"),
+                format!("lease.sweep_interval = '{}ms'", sweep_interval.as_millis()),
+                // Citus commits a change of several nodes in two phases.
+                "max_prepared_transactions = 100".into(),
+            ],
+            create_extension: false,
+            sweep_every: None,
+        };
+        let start = || {
+            let node = Cluster::start_with(config.clone());
+            node.psql(TEST_DB, "CREATE EXTENSION citus");
+            node
+        };
+        let coordinator = start();
+        let workers: Vec<Cluster> = (0..workers).map(|_| start()).collect();
+        coordinator.psql(
+            TEST_DB,
+            &format!(
+                "SELECT citus_set_coordinator_host('127.0.0.1', {})",
+                coordinator.port()
+            ),
+        );
+        for worker in &workers {
+            coordinator.psql(
+                TEST_DB,
+                &format!("SELECT citus_add_node('127.0.0.1', {})", worker.port()),
+            );
+        }
+        coordinator.psql(TEST_DB, &format!("CREATE EXTENSION {EXTENSION}"));
+        CitusCluster {
+            coordinator,
+            workers,
+        }
+    }
+
+    /// The worker node that holds `queue`'s shard, by its port.
+    pub async fn node_of(&self, client: &tokio_postgres::Client, queue: &str) -> &Cluster {
+        let port: i32 = client
+            .query_one(
+                "SELECT p.nodeport FROM pg_dist_shard_placement p \
+                 WHERE p.shardid = get_shard_id_for_distribution_column('lease.job', $1::text)",
+                &[&queue],
+            )
+            .await
+            .expect("the placement of a queue's shard")
+            .get(0);
+        self.workers
+            .iter()
+            .find(|w| i32::from(w.port()) == port)
+            .unwrap_or_else(|| panic!("no worker node on port {port}"))
+    }
+}
