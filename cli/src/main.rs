@@ -60,7 +60,11 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
         Command::Install => commands::install(&target, out).await,
         Command::Upgrade => commands::upgrade(&target, out).await,
         command => {
-            let connector = Connector::new(target.config, tokio_postgres::NoTls);
+            // Unprepared: a command sends a few statements once, and through
+            // a transaction-mode pooler a prepared one outlives the
+            // transaction on a connection other clients get next (42P05).
+            let connector = Connector::new(target.config, tokio_postgres::NoTls)
+                .with_prepared_statements(false);
             let client = Client::with_connector(connector);
             // Opens the connection now: a failure here is the connection's.
             client

@@ -6,6 +6,7 @@ mod common;
 use std::process::Command;
 
 use common::{assert_exit, pg_lease, stderr, url_as};
+use pg_tests::pgbouncer::Bouncer;
 use pg_tests::{Cluster, SUPERUSER, TEST_DB};
 
 /// `PGHOST`, `PGPORT`, `PGUSER` and `PGDATABASE` alone name the database.
@@ -54,5 +55,39 @@ fn a_database_without_pg_lease_is_named_as_such() {
             stderr(&out).contains("pg_lease is not installed in this database"),
             "{args:?}: {out:?}"
         );
+    }
+}
+
+/// Through PgBouncer in transaction mode (1.18 here: it keeps no prepared
+/// statements), every command works every time, and the pool's next client
+/// finds no statement of pg-lease's left on its server connection.
+///
+/// Failed before: the second command exited 2 with `prepared statement "s1"
+/// already exists` (42P05) reported as "could not connect", and so did
+/// every later one; the CLI prepared its statements on a connection the
+/// pooler hands to any transaction.
+#[tokio::test]
+async fn commands_work_through_a_transaction_pooler_and_leave_it_clean() {
+    let cluster = Cluster::start();
+    let bouncer = Bouncer::start(&cluster, &[]);
+    let url = bouncer.conn_string(TEST_DB, SUPERUSER);
+    for round in 0..3 {
+        for args in [&["queues"][..], &["stats"], &["dead"], &["holders"]] {
+            let out = pg_lease(&url, args);
+            assert!(out.status.success(), "round {round}, {args:?}: {out:?}");
+        }
+    }
+    // A client that prepares its statements, as the pool's next one.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect through the pooler");
+    tokio::spawn(connection);
+    for _ in 0..5 {
+        let n: i64 = client
+            .query_one("SELECT count(*) FROM lease.queue", &[])
+            .await
+            .expect("a prepared statement through the pooler")
+            .get(0);
+        assert_eq!(n, 1);
     }
 }

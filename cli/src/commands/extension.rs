@@ -6,7 +6,7 @@
 use pg_lease_client::DEFAULT_CONNECT_TIMEOUT;
 use serde_json::json;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
+use tokio_postgres::{NoTls, Row};
 
 use super::Done;
 use crate::error::CliError;
@@ -115,17 +115,26 @@ async fn connect(target: &Target) -> Result<tokio_postgres::Client, CliError> {
     Ok(client)
 }
 
+/// The unnamed statement, never a prepared one: through a transaction-mode
+/// pooler the connection serves other clients' transactions, where a named
+/// statement left behind collides with theirs (42P05).
+async fn rows(pg: &tokio_postgres::Client, sql: &str) -> Result<Vec<Row>, tokio_postgres::Error> {
+    pg.query_typed(sql, &[]).await
+}
+
 async fn versions(pg: &tokio_postgres::Client) -> Result<Versions, CliError> {
-    let row = pg
-        .query_one(
-            "SELECT current_database()::text,
-                    (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_lease'),
-                    (SELECT default_version FROM pg_catalog.pg_available_extensions
-                      WHERE name = 'pg_lease')",
-            &[],
-        )
-        .await
-        .map_err(CliError::Pg)?;
+    let found = rows(
+        pg,
+        "SELECT current_database()::text,
+                (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_lease'),
+                (SELECT default_version FROM pg_catalog.pg_available_extensions
+                  WHERE name = 'pg_lease')",
+    )
+    .await
+    .map_err(CliError::Pg)?;
+    let row = found.first().ok_or_else(|| {
+        CliError::NotFound("no answer to the question of pg_lease's versions".into())
+    })?;
     Ok(Versions {
         database: row.try_get(0).map_err(CliError::Pg)?,
         installed: row.try_get(1).map_err(CliError::Pg)?,
@@ -168,15 +177,15 @@ fn files_missing(code: &str, message: &str, detail: Option<&str>) -> bool {
 
 /// After an install: a line saying the reaper will not run, if so.
 async fn reaper_note(pg: &tokio_postgres::Client) -> &'static str {
-    let preloaded = pg
-        .query_one(
-            "SELECT slot_shortages IS NOT NULL FROM lease.reaper_stats",
-            &[],
-        )
-        .await
-        .and_then(|r| r.try_get::<_, bool>(0));
+    let preloaded = rows(
+        pg,
+        "SELECT slot_shortages IS NOT NULL FROM lease.reaper_stats",
+    )
+    .await
+    .ok()
+    .and_then(|found| found.first().and_then(|r| r.try_get::<_, bool>(0).ok()));
     match preloaded {
-        Ok(false) => {
+        Some(false) => {
             "no reaper runs in this server (pg_lease is not in shared_preload_libraries): \
              expired leases wait for `pg-lease sweep` or lease.sweep() from a scheduler\n"
         }
