@@ -72,12 +72,12 @@ fn remote_commands(coordinator: &Cluster) -> Vec<(String, u16)> {
 }
 
 /// Roles of the application may not distribute; the owner does, once, and
-/// attach is refused from then on; then
-/// 16 queues spread over both worker nodes, and every create_queue, enqueue
-/// and claim the Rust client sends is one command to the node holding its
-/// queue, never a statement on a table. Row ids are unique across nodes
-/// (each node's sequence started at 1 before `_assign_id_ranges`). Four
-/// claimers racing on one queue get every row once.
+/// attach is refused from then on. Then 16 queues spread over both worker
+/// nodes; every create_queue, enqueue and claim the Rust client sends is
+/// one command to the node holding its queue, never a statement on a
+/// table; row ids are unique across nodes (each node's sequence started at
+/// its own WAL position before `_assign_id_ranges`); four claimers racing
+/// on one queue get every row once.
 ///
 /// Broken on purpose, each once: without `force_custom_plan` on the
 /// forwarded functions (`distribute()`), every claim failed ("could not
