@@ -66,14 +66,12 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
             let connector = Connector::new(target.config, tokio_postgres::NoTls)
                 .with_prepared_statements(false);
             let client = Client::with_connector(connector);
-            // Opens the connection now: a failure here is the connection's.
-            client
-                .extension_versions()
-                .await
-                .map_err(|source| CliError::Connect {
-                    target: target.shown.clone(),
-                    source,
-                })?;
+            // Opens the connection now, without a statement: a failure here
+            // is the connection's, and a statement's failure is its own.
+            client.open().await.map_err(|source| CliError::Connect {
+                target: target.shown.clone(),
+                source,
+            })?;
             if let Command::Ui {
                 listen,
                 allow_actions,

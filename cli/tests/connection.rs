@@ -91,3 +91,24 @@ async fn commands_work_through_a_transaction_pooler_and_leave_it_clean() {
         assert_eq!(n, 1);
     }
 }
+
+/// A statement that fails is reported as that statement's failure, never
+/// as a failed connection.
+///
+/// Failed before: the CLI opened its connection with a first statement
+/// (reading `pg_available_extensions`) and reported any failure of it as
+/// "could not connect", exit 2, here a role's missing read right on that
+/// view, which no command needs.
+#[test]
+fn a_failing_statement_is_not_a_failed_connection() {
+    let cluster = Cluster::start();
+    cluster.psql(
+        TEST_DB,
+        "CREATE ROLE ops LOGIN IN ROLE lease_admin; \
+         REVOKE SELECT ON pg_catalog.pg_available_extensions FROM PUBLIC",
+    );
+    let url = url_as(&cluster, TEST_DB, "ops");
+    let out = pg_lease(&url, &["queues"]);
+    assert_exit(&out, 0);
+    assert!(!stderr(&out).contains("could not connect"), "{out:?}");
+}

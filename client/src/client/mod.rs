@@ -162,6 +162,13 @@ impl Client {
         Ok(client)
     }
 
+    /// Opens the connection now if none is open, so that a wrong address,
+    /// database or password shows here rather than at the first call; sends
+    /// no statement.
+    pub async fn open(&self) -> Result<()> {
+        self.conn().await.map(drop)
+    }
+
     /// A reconnecting client that opens its connections with `connector`
     /// (first one on first use).
     pub fn with_connector(connector: Connector) -> Client {
