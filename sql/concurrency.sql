@@ -180,6 +180,8 @@ BEGIN
     END LOOP;
     -- Keys with nothing admitted or held; a producer that is about to use
     -- one holds it locked, or re-creates it.
+    -- The queue in the outer WHERE too: on a distributed install (citus.sql)
+    -- only then does the DELETE go to that queue's shard alone.
     DELETE FROM lease.key_slot k
      WHERE (only_queue IS NULL OR k.queue = only_queue)
        AND (k.queue, k.key) IN (SELECT e.queue, e.key FROM lease.key_slot e
