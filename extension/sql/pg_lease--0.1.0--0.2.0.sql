@@ -4177,12 +4177,7 @@ DECLARE
     coordinator boolean;
     t text;
     f text;
-    -- The functions forwarded to the node of their queue.
-    forwarded constant text[] := ARRAY[
-        'lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)',
-        'lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)',
-        'lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])',
-        'lease.claim_pending(integer, interval, text, text)'];
+    arg text;
 BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
         RAISE EXCEPTION 'lease.distribute() needs the citus extension in this database'
@@ -4219,19 +4214,21 @@ BEGIN
     FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session'] LOOP
         PERFORM create_distributed_table(t::regclass, 'queue', colocate_with := 'lease.queue');
     END LOOP;
-    FOREACH f IN ARRAY forwarded LOOP
-        PERFORM create_distributed_function(f::regprocedure,
-            CASE WHEN f LIKE 'lease.create_queue(%' THEN 'name' ELSE 'queue' END,
-            colocate_with := 'lease.queue');
-    END LOOP;
-    PERFORM lease._assign_id_ranges();
-    -- Citus cannot route every statement of a generic plan, whose queue is
-    -- a parameter: plan each statement of a forwarded call, and of the
-    -- functions it calls, for that call's queue (claim.sql says what the
-    -- generic plan saves on a single node).
-    FOREACH f IN ARRAY forwarded LOOP
+    -- The functions forwarded to the node of their queue, with the argument
+    -- that names it.
+    FOR f, arg IN SELECT * FROM (VALUES
+            ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)', 'name'),
+            ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
+            ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
+            ('lease.claim_pending(integer, interval, text, text)', 'queue')) AS v(f, arg) LOOP
+        PERFORM create_distributed_function(f::regprocedure, arg, colocate_with := 'lease.queue');
+        -- Citus cannot route every statement of a generic plan, whose queue
+        -- is a parameter: plan each statement of a forwarded call, and of
+        -- the functions it calls, for that call's queue (claim.sql says what
+        -- the generic plan saves on a single node).
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
     END LOOP;
+    PERFORM lease._assign_id_ranges();
 END
 $$;
 

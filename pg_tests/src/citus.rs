@@ -6,13 +6,23 @@
 //! need it are reported SKIPPED by `bin/test`.
 
 use crate::{Cluster, ClusterConfig, EXTENSION, TEST_DB};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
-/// Whether Citus is installed for the PostgreSQL under test.
+/// Whether Citus is installed for the PostgreSQL under test (its library
+/// in `pg_config --pkglibdir`, where `bin/test` looks too).
 pub fn citus_available() -> bool {
-    let bin = crate::pg_bin_dir();
-    bin.parent()
-        .is_some_and(|root| root.join("lib").join("citus.so").is_file())
+    Command::new(crate::pg_bin_dir().join("pg_config"))
+        .arg("--pkglibdir")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .is_some_and(|out| {
+            Path::new(String::from_utf8_lossy(&out.stdout).trim())
+                .join("citus.so")
+                .is_file()
+        })
 }
 
 /// A coordinator and its worker nodes; dropping it stops every server.
