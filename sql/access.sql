@@ -74,7 +74,7 @@ COMMENT ON FUNCTION lease._check_access(text, text[]) IS
 $$Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on
 it; 42704, as for a queue that does not exist, if the role holds no right on it at all.$$;
 
-CREATE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
+CREATE FUNCTION lease._check_rows(ids bigint[], rights text[], queue text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -82,8 +82,12 @@ DECLARE
     allowed boolean;
 BEGIN
     -- The common case, no restricted queue at all, costs one small scan.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids) LOOP
+    -- Given the rows' queue, both statements name it: on a distributed
+    -- install they then read that queue's shard alone (citus.sql).
+    IF EXISTS (SELECT FROM lease.queue qu
+                WHERE qu.restricted AND (_check_rows.queue IS NULL OR qu.name = _check_rows.queue)) THEN
+        FOR q IN SELECT DISTINCT j.queue FROM lease.job j
+                  WHERE j.id = ANY (ids) AND (_check_rows.queue IS NULL OR j.queue = _check_rows.queue) LOOP
             allowed := lease._access(q, rights);
             -- A queue the role holds no right on is not named.
             IF allowed IS NULL THEN
@@ -98,8 +102,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
-    'Internal: lease._check_access for the queue of every row in IDS, without naming a queue the role holds no right on.';
+COMMENT ON FUNCTION lease._check_rows(bigint[], text[], text) IS
+    'Internal: lease._check_access for the queue of every row in IDS (of those in QUEUE, when given), without naming a queue the role holds no right on.';
 
 CREATE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
 RETURNS void

@@ -12,8 +12,11 @@
 -- registered below keeps: each statement on a distributed table names its
 -- queue (else the node sends it to every shard), no UPDATE of one
 -- evaluates a VOLATILE function (clock_timestamp(): such values are taken
--- into variables first), and statements are planned for the call's queue
--- (a generic plan, whose queue is a parameter, cannot be routed).
+-- into variables first, or read through the STABLE lease._now()), and
+-- statements are planned for the call's queue (a generic plan, whose queue
+-- is a parameter, cannot be routed). A call without its queue (renew,
+-- release and their batches take it as an optional last argument) runs on
+-- the coordinator, over every shard.
 
 CREATE FUNCTION lease._distributed() RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -151,7 +154,14 @@ BEGIN
             ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)', 'name'),
             ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
             ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
-            ('lease.claim_pending(integer, interval, text, text)', 'queue')) AS v(f, arg) LOOP
+            ('lease.claim_pending(integer, interval, text, text)', 'queue'),
+            ('lease.reclaim_own(integer, interval, text, text)', 'queue'),
+            ('lease.ready_channel(text)', 'queue'),
+            ('lease.release_and_claim(bigint[], text, bigint[], integer, interval, text)', 'queue'),
+            ('lease.renew(bigint, text, bigint, interval, text)', 'queue'),
+            ('lease.renew_batch(bigint[], text, bigint[], interval, text)', 'queue'),
+            ('lease.release(bigint, text, bigint, text, timestamptz, text, text)', 'queue'),
+            ('lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text)', 'queue')) AS v(f, arg) LOOP
         PERFORM create_distributed_function(f::regprocedure, arg, colocate_with := 'lease.queue');
         -- Citus cannot route every statement of a generic plan, whose queue
         -- is a parameter: plan each statement of a forwarded call, and of
@@ -167,7 +177,8 @@ COMMENT ON FUNCTION lease.distribute(integer) IS
 $$Makes this database's pg_lease a distributed install on Citus (run it once on the coordinator, as the
 extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
 by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
-enqueue, enqueue_batch and claim_pending are forwarded to the node holding their queue, one round trip.
+enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, and renew, release
+and their batch forms given their queue are forwarded to the node holding it, one round trip.
 SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
 call it again after adding nodes, to give them theirs (it changes nothing else the second time).
 Experimental: docs/operations.md says what a distributed install supports so far.

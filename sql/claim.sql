@@ -192,8 +192,8 @@ BEGIN
         UPDATE lease.job j
            SET epoch       = greatest(j.epoch + 1, f),
                attempt     = j.attempt + 1,
-               lease_until = clock_timestamp() + d
-         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+               lease_until = lease._now() + d
+         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p)) AND j.queue = q
         RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
                   j.priority, j.rank
     )
@@ -241,7 +241,8 @@ BEGIN
     RETURN QUERY
     SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz,
            NULL::timestamptz
-      FROM lease.release_batch(ids, owner, epochs) WITH ORDINALITY AS r(id, released, ord)
+      FROM lease.release_batch(ids, owner, epochs, queue => release_and_claim.queue)
+           WITH ORDINALITY AS r(id, released, ord)
      ORDER BY r.ord;
     IF "limit" > 0 THEN
         RETURN QUERY
@@ -253,7 +254,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text) IS
-$$lease.release_batch(IDS, OWNER, EPOCHS) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
+$$lease.release_batch(IDS, OWNER, EPOCHS, QUEUE) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
 OWNER, QUEUE), in one statement: first one row per element of IDS, in order, with RELEASED set and the
 claim columns NULL; then one row per claimed row (of QUEUE), in claim order, with RELEASED NULL. LIMIT 0 only releases.
 Errors: those of the two functions.$$;

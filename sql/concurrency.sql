@@ -101,7 +101,7 @@ BEGIN
     IF admitted > 0 THEN
         -- An admitted row keeps the place it was enqueued at, which may be
         -- before the queue's head.
-        PERFORM lease._lower_heads(ids), lease._wake(queue, admitted);
+        PERFORM lease._lower_heads(ids, queue), lease._wake(queue, admitted);
     END IF;
     RETURN admitted;
 END

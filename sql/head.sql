@@ -137,7 +137,7 @@ claim order if it has none, searching from the head or, with FROM_START, from th
 Returns false, changing nothing, when a writer holds the queue row or the transaction is not READ
 COMMITTED.$$;
 
-CREATE FUNCTION lease._lower_heads(ids bigint[]) RETURNS void
+CREATE FUNCTION lease._lower_heads(ids bigint[], queue text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -149,12 +149,14 @@ BEGIN
     FOR f IN SELECT DISTINCT ON (j.queue) j.queue, j.priority, j.rank, j.next_at, j.id
                FROM lease.job j
               WHERE j.id = ANY (ids) AND j.state = 'pending' AND NOT j.held
+                -- Named, the queue keeps the read on its shard (citus.sql).
+                AND (_lower_heads.queue IS NULL OR j.queue = _lower_heads.queue)
               ORDER BY j.queue, j.priority DESC, j.rank, j.next_at, j.id LOOP
         PERFORM lease._lower_head(f.queue, f.priority, f.rank, f.next_at, f.id);
     END LOOP;
 END
 $$;
 
-COMMENT ON FUNCTION lease._lower_heads(bigint[]) IS
-$$Internal: lease._lower_head for the rows IDS that the caller's transaction made pending (those not pending, or
-held, are passed over), once per queue with its earliest row.$$;
+COMMENT ON FUNCTION lease._lower_heads(bigint[], text) IS
+$$Internal: lease._lower_head for the rows IDS (of QUEUE, when given) that the caller's transaction made pending
+(those not pending, or held, are passed over), once per queue with its earliest row.$$;

@@ -29,7 +29,7 @@ BEGIN
            SET state       = lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
                finished_at = CASE WHEN lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
-               next_at     = t + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
+               next_at     = lease._retry_at(t, j.attempt, q.backoff_base, q.backoff_max, q.jitter, j.id, j.epoch),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
@@ -68,7 +68,7 @@ BEGIN
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
             -- With a zero backoff they may be due before the queue's head.
-            PERFORM lease._lower_heads(r.requeued_ids), pg_notify(lease._ready_channel(queue), '');
+            PERFORM lease._lower_heads(r.requeued_ids, queue), pg_notify(lease._ready_channel(queue), '');
         END IF;
         RETURN NEXT;
     END LOOP;

@@ -47,7 +47,7 @@ CREATE TABLE lease.queue (
     restricted      boolean NOT NULL DEFAULT false,
     -- Fed by an attached table (attach.sql): lease.enqueue refuses it.
     attached        boolean NOT NULL DEFAULT false,
-    -- Randomisation of retry delays (lease._retry_delay): 'full' spreads a
+    -- Randomisation of retry delays (lease._retry_at): 'full' spreads a
     -- burst of failures over the whole backoff, 'none' keeps it exact.
     jitter          text NOT NULL DEFAULT 'full' CHECK (jitter IN ('full', 'none')),
     -- At most this many rows per concurrency_key admitted at once (pending

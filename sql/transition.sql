@@ -48,13 +48,37 @@ RETURN make_interval(secs => least(date_part('epoch', cap),
 COMMENT ON FUNCTION lease._backoff(integer, interval, interval) IS
     'Internal: delay before the next attempt, base * 2^(attempt-1) capped at cap.';
 
--- The delay a retry or an expiry actually gets. With 'full' jitter it is
--- uniform in [0, backoff): rows that failed together (a dependency was
--- down) come back spread out instead of in lockstep.
-CREATE FUNCTION lease._retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
-LANGUAGE sql VOLATILE PARALLEL SAFE
-RETURN CASE WHEN jitter = 'full' THEN lease._backoff(attempt, base, cap) * random()
-            ELSE lease._backoff(attempt, base, cap) END;
+-- When a retry or an expired lease is due again: AT plus the backoff. With
+-- 'full' jitter the delay is uniform in [0, backoff): rows that failed
+-- together (a dependency was down) come back spread out instead of in
+-- lockstep. The factor is drawn from the lease's (id, epoch), not from
+-- random(), and the sum is taken in UTC (timestamptz + interval is STABLE,
+-- timestamp + interval is not): Citus allows neither a VOLATILE function in
+-- an UPDATE of a distributed table nor a STABLE one in its CASE, and the
+-- planner inlines the function. Each attempt of a row has an epoch of its
+-- own, so it draws anew.
+CREATE FUNCTION lease._retry_at(at timestamptz, attempt integer, base interval, cap interval, jitter text,
+                                id bigint, epoch bigint)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ((at AT TIME ZONE 'UTC')
+        + CASE WHEN jitter = 'full'
+               THEN lease._backoff(attempt, base, cap)
+                    * ((hashint8extended(id, epoch) & 9007199254740991)::float8 / 9007199254740992)
+               ELSE lease._backoff(attempt, base, cap) END) AT TIME ZONE 'UTC';
 
-COMMENT ON FUNCTION lease._retry_delay(integer, interval, interval, text) IS
-    'Internal: lease._backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
+COMMENT ON FUNCTION lease._retry_at(timestamptz, integer, interval, interval, text, bigint, bigint) IS
+    'Internal: AT + lease._backoff, the backoff times a factor in [0, 1) drawn uniformly from the lease''s (id, epoch) with jitter ''full'' (the default of a queue), exact with ''none''.';
+
+-- The database clock, read where the statement reads it: per row, after
+-- any wait for the row's lock, so a renewal or release that waited past the
+-- expiry finds the lease lost. clock_timestamp() itself, declared STABLE:
+-- Citus refuses a VOLATILE function in an UPDATE or DELETE of a distributed
+-- table, and evaluates a STABLE one once, when the statement starts
+-- (docs/operations.md, "Outgrowing one PostgreSQL: Citus").
+CREATE FUNCTION lease._now() RETURNS timestamptz
+LANGUAGE internal STABLE PARALLEL SAFE
+AS 'clock_timestamp';
+
+COMMENT ON FUNCTION lease._now() IS
+    'Internal: clock_timestamp(), declared STABLE so that statements on a distributed install may read it.';

@@ -48,7 +48,7 @@ async fn done(client: &Client, leases: &[Lease]) {
     for chunk in leases.chunks(10_000) {
         let tokens: Vec<FencingToken> = chunk.iter().map(Lease::token).collect();
         client
-            .release_batch(OWNER, &tokens, &Outcome::Done)
+            .release_batch(OWNER, &tokens, QUEUE, &Outcome::Done)
             .await
             .expect("release_batch");
     }
@@ -113,7 +113,7 @@ fn client_calls(c: &mut Criterion) {
                 for chunk in leases.chunks(50) {
                     let tokens: Vec<FencingToken> = chunk.iter().map(Lease::token).collect();
                     client
-                        .release_batch(OWNER, &tokens, &Outcome::Done)
+                        .release_batch(OWNER, &tokens, QUEUE, &Outcome::Done)
                         .await
                         .expect("release_batch");
                 }
@@ -145,7 +145,7 @@ fn client_calls(c: &mut Criterion) {
                 let started = Instant::now();
                 for _ in 0..iters {
                     client
-                        .renew_batch(OWNER, &tokens, TTL)
+                        .renew_batch(OWNER, &tokens, QUEUE, TTL)
                         .await
                         .expect("renew_batch");
                 }

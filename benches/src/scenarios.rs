@@ -737,7 +737,7 @@ impl Bench {
                             let tokens: Vec<FencingToken> =
                                 many.iter().map(|c| c.lease.token()).collect();
                             client
-                                .release_batch(&owner, &tokens, &Outcome::Done)
+                                .release_batch(&owner, &tokens, "q", &Outcome::Done)
                                 .await
                                 .map_err(client_err)?;
                         }

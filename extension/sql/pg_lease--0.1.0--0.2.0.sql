@@ -225,6 +225,11 @@ DROP FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer);
 DROP FUNCTION lease.reap(integer);
 -- Gained eligible_at in its result.
 DROP FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text);
+-- Gained queue, which routes them on a distributed install.
+DROP FUNCTION lease.renew(bigint, text, bigint, interval);
+DROP FUNCTION lease.renew_batch(bigint[], text, bigint[], interval);
+DROP FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text);
+DROP FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text);
 DROP VIEW lease.reaper_stats;
 
 -- Internal helpers take the `_` prefix of the internal functions. A
@@ -628,7 +633,7 @@ claim order if it has none, searching from the head or, with FROM_START, from th
 Returns false, changing nothing, when a writer holds the queue row or the transaction is not READ
 COMMITTED.$$;
 
-CREATE OR REPLACE FUNCTION lease._lower_heads(ids bigint[]) RETURNS void
+CREATE OR REPLACE FUNCTION lease._lower_heads(ids bigint[], queue text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -640,15 +645,17 @@ BEGIN
     FOR f IN SELECT DISTINCT ON (j.queue) j.queue, j.priority, j.rank, j.next_at, j.id
                FROM lease.job j
               WHERE j.id = ANY (ids) AND j.state = 'pending' AND NOT j.held
+                -- Named, the queue keeps the read on its shard (citus.sql).
+                AND (_lower_heads.queue IS NULL OR j.queue = _lower_heads.queue)
               ORDER BY j.queue, j.priority DESC, j.rank, j.next_at, j.id LOOP
         PERFORM lease._lower_head(f.queue, f.priority, f.rank, f.next_at, f.id);
     END LOOP;
 END
 $$;
 
-COMMENT ON FUNCTION lease._lower_heads(bigint[]) IS
-$$Internal: lease._lower_head for the rows IDS that the caller's transaction made pending (those not pending, or
-held, are passed over), once per queue with its earliest row.$$;
+COMMENT ON FUNCTION lease._lower_heads(bigint[], text) IS
+$$Internal: lease._lower_head for the rows IDS (of QUEUE, when given) that the caller's transaction made pending
+(those not pending, or held, are passed over), once per queue with its earliest row.$$;
 
 -- sweep.sql's step that raises them (new).
 CREATE OR REPLACE FUNCTION lease._raise_heads() RETURNS integer
@@ -789,13 +796,31 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN make_interval(secs => least(date_part('epoch', cap),
                                    date_part('epoch', base) * power(2::float8, least(greatest(attempt - 1, 0), 60))));
 
-CREATE OR REPLACE FUNCTION lease._retry_delay(attempt integer, base interval, cap interval, jitter text) RETURNS interval
-LANGUAGE sql VOLATILE PARALLEL SAFE
-RETURN CASE WHEN jitter = 'full' THEN lease._backoff(attempt, base, cap) * random()
-            ELSE lease._backoff(attempt, base, cap) END;
+CREATE OR REPLACE FUNCTION lease._retry_at(at timestamptz, attempt integer, base interval, cap interval, jitter text,
+                                id bigint, epoch bigint)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ((at AT TIME ZONE 'UTC')
+        + CASE WHEN jitter = 'full'
+               THEN lease._backoff(attempt, base, cap)
+                    * ((hashint8extended(id, epoch) & 9007199254740991)::float8 / 9007199254740992)
+               ELSE lease._backoff(attempt, base, cap) END) AT TIME ZONE 'UTC';
 
-COMMENT ON FUNCTION lease._retry_delay(integer, interval, interval, text) IS
-    'Internal: lease._backoff, times a uniform random factor in [0, 1) with jitter ''full'' (the default of a queue), exact with ''none''.';
+COMMENT ON FUNCTION lease._retry_at(timestamptz, integer, interval, interval, text, bigint, bigint) IS
+    'Internal: AT + lease._backoff, the backoff times a factor in [0, 1) drawn uniformly from the lease''s (id, epoch) with jitter ''full'' (the default of a queue), exact with ''none''.';
+
+-- The database clock, read where the statement reads it: per row, after
+-- any wait for the row's lock, so a renewal or release that waited past the
+-- expiry finds the lease lost. clock_timestamp() itself, declared STABLE:
+-- Citus refuses a VOLATILE function in an UPDATE or DELETE of a distributed
+-- table, and evaluates a STABLE one once, when the statement starts
+-- (docs/operations.md, "Outgrowing one PostgreSQL: Citus").
+CREATE OR REPLACE FUNCTION lease._now() RETURNS timestamptz
+LANGUAGE internal STABLE PARALLEL SAFE
+AS 'clock_timestamp';
+
+COMMENT ON FUNCTION lease._now() IS
+    'Internal: clock_timestamp(), declared STABLE so that statements on a distributed install may read it.';
 
 CREATE OR REPLACE FUNCTION lease._reap(max_rows integer, only_queue text)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
@@ -824,7 +849,7 @@ BEGIN
            SET state       = lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached),
                finished_at = CASE WHEN lease._next_state('retry', j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
                                   THEN t END,
-               next_at     = t + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter),
+               next_at     = lease._retry_at(t, j.attempt, q.backoff_base, q.backoff_max, q.jitter, j.id, j.epoch),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
                last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
@@ -863,7 +888,7 @@ BEGIN
         -- at most one notification per queue and sweep.
         IF requeued > 0 THEN
             -- With a zero backoff they may be due before the queue's head.
-            PERFORM lease._lower_heads(r.requeued_ids), pg_notify(lease._ready_channel(queue), '');
+            PERFORM lease._lower_heads(r.requeued_ids, queue), pg_notify(lease._ready_channel(queue), '');
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -1084,7 +1109,7 @@ COMMENT ON FUNCTION lease._check_access(text, text[]) IS
 $$Internal: raises 42501 unless QUEUE is unrestricted or the calling role holds one of RIGHTS (work, produce) on
 it; 42704, as for a queue that does not exist, if the role holds no right on it at all.$$;
 
-CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[]) RETURNS void
+CREATE OR REPLACE FUNCTION lease._check_rows(ids bigint[], rights text[], queue text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -1092,8 +1117,12 @@ DECLARE
     allowed boolean;
 BEGIN
     -- The common case, no restricted queue at all, costs one small scan.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        FOR q IN SELECT DISTINCT j.queue FROM lease.job j WHERE j.id = ANY (ids) LOOP
+    -- Given the rows' queue, both statements name it: on a distributed
+    -- install they then read that queue's shard alone (citus.sql).
+    IF EXISTS (SELECT FROM lease.queue qu
+                WHERE qu.restricted AND (_check_rows.queue IS NULL OR qu.name = _check_rows.queue)) THEN
+        FOR q IN SELECT DISTINCT j.queue FROM lease.job j
+                  WHERE j.id = ANY (ids) AND (_check_rows.queue IS NULL OR j.queue = _check_rows.queue) LOOP
             allowed := lease._access(q, rights);
             -- A queue the role holds no right on is not named.
             IF allowed IS NULL THEN
@@ -1108,8 +1137,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._check_rows(bigint[], text[]) IS
-    'Internal: lease._check_access for the queue of every row in IDS, without naming a queue the role holds no right on.';
+COMMENT ON FUNCTION lease._check_rows(bigint[], text[], text) IS
+    'Internal: lease._check_access for the queue of every row in IDS (of those in QUEUE, when given), without naming a queue the role holds no right on.';
 
 CREATE OR REPLACE FUNCTION lease.grant(queue text, role regrole, work boolean DEFAULT true, produce boolean DEFAULT true)
 RETURNS void
@@ -1602,7 +1631,7 @@ $$Puts dead letter ID back to pending, claimable now, with its attempts reset (l
 false and changes nothing unless the row is dead. For any queue, attached tables' included. Errors: 22004 id
 NULL.$$;
 
-CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval)
+CREATE OR REPLACE FUNCTION lease.renew(id bigint, owner text, epoch bigint, ttl interval, queue text DEFAULT NULL)
 RETURNS lease.renewal
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1618,13 +1647,14 @@ BEGIN
                 lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch');
     END IF;
     -- Inline, not a call of lease._check_rows: this runs on every renewal.
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        PERFORM lease._check_rows(ARRAY[id], '{work}');
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted AND (renew.queue IS NULL OR qu.name = renew.queue)) THEN
+        PERFORM lease._check_rows(ARRAY[id], '{work}', renew.queue);
     END IF;
     UPDATE lease.job j
-       SET lease_until = clock_timestamp() + d
+       SET lease_until = lease._now() + d
      WHERE j.id = renew.id AND j.owner = o AND j.epoch = renew.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       AND (renew.queue IS NULL OR j.queue = renew.queue)
+       AND j.state = 'leased' AND j.lease_until > lease._now()
     RETURNING j.id, true, j.lease_until, j.cancel_requested
       INTO result;
     IF NOT FOUND THEN
@@ -1634,14 +1664,15 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.renew(bigint, text, bigint, interval) IS
-$$Extends OWNER's lease on row ID at EPOCH to now + TTL (database clock). Returns (id, held, lease_until,
+COMMENT ON FUNCTION lease.renew(bigint, text, bigint, interval, text) IS
+$$Extends OWNER's lease on row ID at EPOCH to now + TTL (database clock); QUEUE, when given, is the row's
+queue (a lease of another is lost), and routes the call on a distributed install. Returns (id, held, lease_until,
 cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
 means lease.cancel was called and the owner should stop and release.
 Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters;
 42501 the row's queue is restricted and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval)
+CREATE OR REPLACE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval, queue text DEFAULT NULL)
 RETURNS SETOF lease.renewal
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1650,7 +1681,7 @@ DECLARE
     o constant text := lease._checked_owner(owner);
     d constant interval := lease._checked_ttl(ttl);
 BEGIN
-    PERFORM lease._checked_same_length(ids, epochs), lease._check_rows(ids, '{work}');
+    PERFORM lease._checked_same_length(ids, epochs), lease._check_rows(ids, '{work}', renew_batch.queue);
     RETURN QUERY
     WITH held AS MATERIALIZED (
         -- A heartbeat locks many rows; waiting for one that another
@@ -1662,12 +1693,14 @@ BEGIN
          WHERE j.id = ANY (ids)
            AND (j.epoch = epochs[array_position(ids, j.id)]
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
-           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND j.owner = o AND j.state = 'leased' AND j.lease_until > lease._now()
+           AND (renew_batch.queue IS NULL OR j.queue = renew_batch.queue)
            FOR NO KEY UPDATE SKIP LOCKED
     ), renewed AS (
         UPDATE lease.job j
-           SET lease_until = clock_timestamp() + d
+           SET lease_until = lease._now() + d
          WHERE j.id = ANY (ARRAY(SELECT h.id FROM held h))
+           AND (renew_batch.queue IS NULL OR j.queue = renew_batch.queue)
         RETURNING j.id, j.epoch, j.lease_until, j.cancel_requested
     )
     -- Matched on (id, epoch): a stale epoch listed beside the current one
@@ -1679,14 +1712,18 @@ BEGIN
            coalesce(r.cancel_requested, s.cancel_requested)
       FROM unnest(ids, epochs) WITH ORDINALITY AS w(id, epoch, ord)
       LEFT JOIN renewed r ON r.id = w.id AND r.epoch = w.epoch
-      LEFT JOIN lease.job s ON r.id IS NULL AND s.id = w.id AND s.epoch = w.epoch AND s.owner = o
-                           AND s.state = 'leased' AND s.lease_until > clock_timestamp()
+      LEFT JOIN (SELECT s.id, s.epoch, s.lease_until, s.cancel_requested
+                   FROM lease.job s
+                  WHERE s.id = ANY (ids) AND s.owner = o AND s.state = 'leased' AND s.lease_until > lease._now()
+                    AND (renew_batch.queue IS NULL OR s.queue = renew_batch.queue)) s
+             ON r.id IS NULL AND s.id = w.id AND s.epoch = w.epoch
      ORDER BY w.ord;
 END
 $$;
 
-COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval) IS
-$$lease.renew for many leases of one owner in one statement (one round trip per heartbeat). ids[i] goes
+COMMENT ON FUNCTION lease.renew_batch(bigint[], text, bigint[], interval, text) IS
+$$lease.renew for many leases of one owner (of QUEUE, when given) in one statement (one round trip per
+heartbeat). ids[i] goes
 with epochs[i]; returns one lease.renewal per element, in input order. It never waits for a row another
 transaction holds locked (the owner's own open fence, a writer of an attached table removing the row):
 such a lease is reported with held NULL (busy: still held, not extended; try again soon) and its current
@@ -1700,7 +1737,8 @@ CREATE OR REPLACE FUNCTION lease.release(
     epoch    bigint,
     outcome  text        DEFAULT 'done',
     retry_at timestamptz DEFAULT NULL,
-    error    text        DEFAULT NULL
+    error    text        DEFAULT NULL,
+    queue    text        DEFAULT NULL
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1708,6 +1746,9 @@ AS $$
 DECLARE
     o  constant text := owner;
     oc constant text := outcome;
+    -- The time the SET lists record (Citus allows no lease._now() in a
+    -- CASE or COALESCE); the WHERE clauses read the clock per row.
+    t  constant timestamptz := clock_timestamp();
     q  text;
     st lease.job_state;
     ck text;
@@ -1723,15 +1764,16 @@ BEGIN
     IF NOT lease._valid_time(retry_at) THEN
         PERFORM lease._checked_time(retry_at, 'retry_at');
     END IF;
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        PERFORM lease._check_rows(ARRAY[id], '{work}');
+    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted AND (release.queue IS NULL OR qu.name = release.queue)) THEN
+        PERFORM lease._check_rows(ARRAY[id], '{work}', release.queue);
     END IF;
     IF oc = 'done' THEN
         -- Queues that keep no history drop done rows at once: one write, not two.
         DELETE FROM lease.job j
          USING lease.queue q
          WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
-           AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND (release.queue IS NULL OR j.queue = release.queue)
+           AND j.state = 'leased' AND j.lease_until > lease._now()
            AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
         RETURNING j.queue, j.concurrency_key INTO q, ck;
         IF q IS NOT NULL THEN
@@ -1749,16 +1791,17 @@ BEGIN
     UPDATE lease.job j
        SET state       = lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
            finished_at = CASE WHEN lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                              THEN clock_timestamp() END,
+                              THEN t END,
            attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
            next_at     = CASE WHEN oc = 'retry'
-                              THEN coalesce(retry_at, clock_timestamp() + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                              THEN coalesce(retry_at, lease._retry_at(t, j.attempt, q.backoff_base, q.backoff_max, q.jitter, j.id, j.epoch))
                               ELSE j.next_at END,
            lease_until = NULL,
            last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease._stranded_done() END, j.last_error)
       FROM lease.queue q
      WHERE j.id = release.id AND j.owner = o AND j.epoch = release.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       AND (release.queue IS NULL OR j.queue = release.queue)
+       AND j.state = 'leased' AND j.lease_until > lease._now()
        AND q.name = j.queue
     RETURNING j.queue, j.state, j.concurrency_key, j.priority, j.rank, j.next_at INTO q, st, ck, pr, rk, na;
     IF st IS NULL THEN
@@ -1776,9 +1819,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text) IS
+COMMENT ON FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text, text) IS
 $$Ends OWNER's lease on row ID at EPOCH with an outcome, and returns true; returns false and changes
-nothing if the lease is lost (stale epoch, wrong owner, expired, already released).
+nothing if the lease is lost (stale epoch, wrong owner, expired, already released, not of QUEUE when that
+is given; QUEUE routes the call on a distributed install).
 Outcomes: 'done' (finished; deleted at once if the queue's retention is 0; on an attached table's row,
 which is finished only when the table's row stops matching, a dead letter instead), 'retry' (pending again at
 retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' (dead letter now),
@@ -1793,7 +1837,8 @@ CREATE OR REPLACE FUNCTION lease.release_batch(
     epochs   bigint[],
     outcome  text        DEFAULT 'done',
     retry_at timestamptz DEFAULT NULL,
-    error    text        DEFAULT NULL
+    error    text        DEFAULT NULL,
+    queue    text        DEFAULT NULL
 ) RETURNS TABLE (id bigint, released boolean)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1802,6 +1847,8 @@ AS $$
 DECLARE
     o  constant text := lease._checked_owner(owner);
     oc constant text := lease._checked_outcome(outcome);
+    -- As in lease.release.
+    t  constant timestamptz := clock_timestamp();
     gone bigint[] := '{}';
     gone_epochs bigint[] := '{}';
     gone_queues text[];
@@ -1817,8 +1864,9 @@ DECLARE
     moved record;
 BEGIN
     PERFORM lease._checked_same_length(ids, epochs), lease._checked_time(retry_at, 'retry_at');
-    IF EXISTS (SELECT FROM lease.queue qu WHERE qu.restricted) THEN
-        PERFORM lease._check_rows(ids, '{work}');
+    IF EXISTS (SELECT FROM lease.queue qu
+                WHERE qu.restricted AND (release_batch.queue IS NULL OR qu.name = release_batch.queue)) THEN
+        PERFORM lease._check_rows(ids, '{work}', release_batch.queue);
     END IF;
     IF oc = 'done' THEN
         WITH deleted AS (
@@ -1827,7 +1875,8 @@ BEGIN
              WHERE j.id = ANY (ids)
                AND (j.epoch = epochs[array_position(ids, j.id)]
                     OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
-               AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+               AND j.owner = o AND j.state = 'leased' AND j.lease_until > lease._now()
+               AND (release_batch.queue IS NULL OR j.queue = release_batch.queue)
                AND q.name = j.queue AND q.retention = interval '0' AND NOT q.attached
             RETURNING j.id, j.epoch, j.queue, j.concurrency_key
         )
@@ -1855,10 +1904,10 @@ BEGIN
         UPDATE lease.job j
            SET state       = lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached),
                finished_at = CASE WHEN lease._next_state(oc, j.cancel_requested, j.attempt, q.max_attempts, q.attached) <> 'pending'
-                                  THEN clock_timestamp() END,
+                                  THEN t END,
                attempt     = CASE WHEN oc = 'abandon' THEN j.attempt - 1 ELSE j.attempt END,
                next_at     = CASE WHEN oc = 'retry'
-                                  THEN coalesce(retry_at, clock_timestamp() + lease._retry_delay(j.attempt, q.backoff_base, q.backoff_max, q.jitter))
+                                  THEN coalesce(retry_at, lease._retry_at(t, j.attempt, q.backoff_base, q.backoff_max, q.jitter, j.id, j.epoch))
                                   ELSE j.next_at END,
                lease_until = NULL,
                last_error  = coalesce(error, CASE WHEN oc = 'done' AND q.attached THEN lease._stranded_done() END, j.last_error)
@@ -1866,7 +1915,8 @@ BEGIN
          WHERE j.id = ANY (ids)
            AND (j.epoch = epochs[array_position(ids, j.id)]
                 OR (j.id, j.epoch) IN (SELECT u.id, u.epoch FROM unnest(ids, epochs) AS u(id, epoch)))
-           AND j.owner = o AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+           AND j.owner = o AND j.state = 'leased' AND j.lease_until > lease._now()
+           AND (release_batch.queue IS NULL OR j.queue = release_batch.queue)
            AND q.name = j.queue
         RETURNING j.id, j.epoch, j.queue, j.state, j.concurrency_key
     )
@@ -1881,7 +1931,7 @@ BEGIN
     -- Retries and abandons may be due before their queue's head.
     IF 'pending' = ANY (states) THEN
         PERFORM lease._lower_heads(ARRAY(SELECT m.id FROM unnest(ended_ids, states) AS m(id, state)
-                                          WHERE m.state = 'pending'));
+                                          WHERE m.state = 'pending'), release_batch.queue);
     END IF;
     -- The deleted rows and those the UPDATE ended give up their slots; rows
     -- that went back to pending keep theirs.
@@ -1902,8 +1952,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text) IS
-$$lease.release for many leases of one owner with one outcome, in one statement (batched completions).
+COMMENT ON FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text) IS
+$$lease.release for many leases of one owner (of QUEUE, when given) with one outcome, in one statement
+(batched completions).
 ids[i] goes with epochs[i]; returns (id, released) per element in input order.
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
 unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
@@ -2101,8 +2152,8 @@ BEGIN
         UPDATE lease.job j
            SET epoch       = greatest(j.epoch + 1, f),
                attempt     = j.attempt + 1,
-               lease_until = clock_timestamp() + d
-         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+               lease_until = lease._now() + d
+         WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p)) AND j.queue = q
         RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
                   j.priority, j.rank
     )
@@ -3580,7 +3631,8 @@ BEGIN
     RETURN QUERY
     SELECT r.released, r.id, NULL::text, NULL::jsonb, NULL::bigint, NULL::integer, NULL::timestamptz,
            NULL::timestamptz
-      FROM lease.release_batch(ids, owner, epochs) WITH ORDINALITY AS r(id, released, ord)
+      FROM lease.release_batch(ids, owner, epochs, queue => release_and_claim.queue)
+           WITH ORDINALITY AS r(id, released, ord)
      ORDER BY r.ord;
     IF "limit" > 0 THEN
         RETURN QUERY
@@ -3591,7 +3643,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION lease.release_and_claim(bigint[], text, bigint[], integer, interval, text) IS
-$$lease.release_batch(IDS, OWNER, EPOCHS) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
+$$lease.release_batch(IDS, OWNER, EPOCHS, QUEUE) with outcome 'done', then lease.claim_pending(LIMIT, TTL,
 OWNER, QUEUE), in one statement: first one row per element of IDS, in order, with RELEASED set and the
 claim columns NULL; then one row per claimed row (of QUEUE), in claim order, with RELEASED NULL. LIMIT 0 only releases.
 Errors: those of the two functions.$$;
@@ -3893,7 +3945,7 @@ BEGIN
     IF admitted > 0 THEN
         -- An admitted row keeps the place it was enqueued at, which may be
         -- before the queue's head.
-        PERFORM lease._lower_heads(ids), lease._wake(queue, admitted);
+        PERFORM lease._lower_heads(ids, queue), lease._wake(queue, admitted);
     END IF;
     RETURN admitted;
 END
@@ -4220,7 +4272,14 @@ BEGIN
             ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)', 'name'),
             ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
             ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
-            ('lease.claim_pending(integer, interval, text, text)', 'queue')) AS v(f, arg) LOOP
+            ('lease.claim_pending(integer, interval, text, text)', 'queue'),
+            ('lease.reclaim_own(integer, interval, text, text)', 'queue'),
+            ('lease.ready_channel(text)', 'queue'),
+            ('lease.release_and_claim(bigint[], text, bigint[], integer, interval, text)', 'queue'),
+            ('lease.renew(bigint, text, bigint, interval, text)', 'queue'),
+            ('lease.renew_batch(bigint[], text, bigint[], interval, text)', 'queue'),
+            ('lease.release(bigint, text, bigint, text, timestamptz, text, text)', 'queue'),
+            ('lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text)', 'queue')) AS v(f, arg) LOOP
         PERFORM create_distributed_function(f::regprocedure, arg, colocate_with := 'lease.queue');
         -- Citus cannot route every statement of a generic plan, whose queue
         -- is a parameter: plan each statement of a forwarded call, and of
@@ -4236,7 +4295,8 @@ COMMENT ON FUNCTION lease.distribute(integer) IS
 $$Makes this database's pg_lease a distributed install on Citus (run it once on the coordinator, as the
 extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
 by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
-enqueue, enqueue_batch and claim_pending are forwarded to the node holding their queue, one round trip.
+enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, and renew, release
+and their batch forms given their queue are forwarded to the node holding it, one round trip.
 SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
 call it again after adding nodes, to give them theirs (it changes nothing else the second time).
 Experimental: docs/operations.md says what a distributed install supports so far.
@@ -4253,6 +4313,10 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
+    lease.renew(bigint, text, bigint, interval, text),
+    lease.renew_batch(bigint[], text, bigint[], interval, text),
+    lease.release(bigint, text, bigint, text, timestamptz, text, text),
+    lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text),
     lease.bind_session(text, text),
     lease.release_named_batch(text[], text, bigint[]),
     lease.release_named(text[], text, bigint[]),

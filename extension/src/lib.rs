@@ -115,6 +115,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "check",
+        "transition",
         "access",
         "head",
         "lease",

@@ -11,9 +11,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use pg_lease_client::{Client, QueueOptions};
+use pg_lease_client::{Client, Outcome, QueueOptions, Worker, WorkerConfig};
 use pg_tests::citus::CitusCluster;
-use pg_tests::{scalar, sqlstate, Cluster, TEST_DB};
+use pg_tests::workers::{spawn, stop};
+use pg_tests::{eventually, scalar, sqlstate, Cluster, TEST_DB};
 
 /// Whether lease.job is a Citus distributed table.
 async fn job_distributed(client: &tokio_postgres::Client) -> bool {
@@ -334,4 +335,132 @@ async fn a_stopped_node_stops_only_its_own_queues() {
         assert_eq!(rows.len(), 10, "{q}: every row of the stopped node, once");
         claim_all(rows);
     }
+}
+
+/// A `Worker` with the library's defaults (a short ttl so that it renews)
+/// runs two queues of a distributed install through the coordinator: every
+/// job is done, retried or dead-lettered as its handler says, no lease is
+/// lost, and every claim, heartbeat and release it sends is one forwarded
+/// call to the node holding its queue.
+///
+/// Broken on purpose: with the release's UPDATE reading clock_timestamp()
+/// (not lease._now()), every retry failed on the node ("must not be
+/// VOLATILE") and the worker lost those leases; with the Rust client not
+/// passing the queue to renew_batch, its heartbeats ran on the coordinator
+/// over every shard (remote commands that are no forwarded call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn a_worker_runs_unchanged_on_a_distributed_install() {
+    const JOBS: i64 = 40;
+    let citus = CitusCluster::start(2, Duration::from_millis(200));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute("SELECT lease.distribute()")
+        .await
+        .expect("distribute");
+    login_role(&su, "app", "lease_worker").await;
+    let admin = Client::connect(&citus.coordinator.conn_string(TEST_DB))
+        .await
+        .expect("admin");
+    let queues = ["wa", "wb"];
+    let options = QueueOptions {
+        backoff_base: Duration::ZERO,
+        backoff_max: Duration::ZERO,
+        ..QueueOptions::default()
+    };
+    for q in queues {
+        admin.create_queue(q, &options).await.expect("create_queue");
+        for i in 0..JOBS {
+            admin
+                .enqueue(q, &serde_json::json!({ "i": i }))
+                .await
+                .expect("enqueue");
+        }
+    }
+    su.batch_execute(
+        "ALTER ROLE app SET citus.log_remote_commands = on; \
+         ALTER ROLE app SET log_min_messages = notice",
+    )
+    .await
+    .expect("log the remote commands");
+
+    let mut workers = Vec::new();
+    for q in queues {
+        let client = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "app"))
+            .await
+            .expect("app");
+        let config = WorkerConfig::new(q).with_ttl(Duration::from_secs(1));
+        workers.push(spawn(Worker::new(client, config, |job| async move {
+            let i = job.payload()["i"].as_i64().unwrap_or_default();
+            Ok(match (i % 10, job.lease().attempt()) {
+                // Held across a few heartbeats.
+                (0, _) => {
+                    tokio::time::sleep(Duration::from_millis(900)).await;
+                    Outcome::Done
+                }
+                (1, 1) => Outcome::retry("once more"),
+                (2, _) => Outcome::fail("no"),
+                _ => Outcome::Done,
+            })
+        })));
+    }
+    let dead_per_queue = JOBS / 10;
+    for q in queues {
+        eventually(
+            &su,
+            &format!(
+                "SELECT count(*) FILTER (WHERE state <> 'dead') = 0 AND count(*) = {dead_per_queue} \
+                 FROM lease.job WHERE queue = '{q}'"
+            ),
+            Duration::from_secs(60),
+        )
+        .await;
+    }
+    for (shutdown, run) in workers {
+        let summary = stop(shutdown, run).await;
+        assert_eq!(
+            (summary.done, summary.retried, summary.failed, summary.lost),
+            (
+                (JOBS - dead_per_queue) as u64,
+                dead_per_queue as u64,
+                dead_per_queue as u64,
+                0
+            ),
+            "{summary:?}"
+        );
+    }
+
+    let node_of: BTreeMap<&str, u16> = {
+        let mut m = BTreeMap::new();
+        for q in queues {
+            m.insert(q, citus.node_of(&su, q).await.port());
+        }
+        m
+    };
+    let commands = remote_commands(&citus.coordinator);
+    let mut seen = HashSet::new();
+    for (command, port) in &commands {
+        let function = [
+            "lease.claim_pending(",
+            "lease.release_and_claim(",
+            "lease.renew_batch(",
+            "lease.release(",
+            "lease.release_batch(",
+            "lease.ready_channel(",
+        ]
+        .into_iter()
+        .find(|f| {
+            command.starts_with(&format!("SELECT {f}")) || command.contains(&format!("FROM {f}"))
+        })
+        .unwrap_or_else(|| panic!("not a forwarded call: {command}"));
+        seen.insert(function);
+        let queue = queues
+            .iter()
+            .find(|q| command.contains(&format!("'{q}'::text")))
+            .unwrap_or_else(|| panic!("no queue in {command}"));
+        assert_eq!(*port, node_of[queue], "{command}");
+    }
+    assert!(
+        seen.contains("lease.renew_batch(") && seen.contains("lease.release_and_claim("),
+        "heartbeats and refills went out: {seen:?}"
+    );
 }

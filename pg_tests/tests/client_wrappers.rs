@@ -178,8 +178,22 @@ async fn renew_fence_release_and_cancel_follow_the_sql_reference() {
         id: other.id,
         epoch: other.epoch - 1,
     };
+    // Named with a queue it is not of, a lease is lost and nothing changes.
+    let elsewhere = c
+        .renew_batch("owner-1", &[token], "elsewhere", secs(30))
+        .await
+        .expect("renew_batch of another queue");
+    assert_eq!(
+        elsewhere.iter().map(|r| r.held).collect::<Vec<_>>(),
+        [false]
+    );
+    let released = c
+        .release_batch("owner-1", &[token], "elsewhere", &Outcome::fail("x"))
+        .await
+        .expect("release_batch of another queue");
+    assert_eq!(released, [false]);
     let renewals = c
-        .renew_batch("owner-1", &[token, stale], secs(30))
+        .renew_batch("owner-1", &[token, stale], "api", secs(30))
         .await
         .expect("renew_batch");
     assert_eq!(
@@ -242,7 +256,12 @@ async fn renew_fence_release_and_cancel_follow_the_sql_reference() {
         CancelResult::NotFound
     );
     let released = c
-        .release_batch("owner-1", &[by_id[&batch[1]].token()], &Outcome::Abandon)
+        .release_batch(
+            "owner-1",
+            &[by_id[&batch[1]].token()],
+            "api",
+            &Outcome::Abandon,
+        )
         .await
         .expect("release_batch");
     assert_eq!(released, [true]);

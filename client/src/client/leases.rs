@@ -71,10 +71,15 @@ impl Client {
     /// [`Renewal::cancel_requested`]: if set, stop and release.
     pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal> {
         let ttl_us = micros(ttl, "ttl")?;
-        let (id, epoch, owner) = (lease.id, lease.epoch, lease.owner.as_str());
+        let (id, epoch, owner, queue) = (
+            lease.id,
+            lease.epoch,
+            lease.owner.as_str(),
+            lease.queue.as_str(),
+        );
         let row = self
             .call(|c| async move {
-                c.query_one(Query::Renew, &[&id, &owner, &epoch, &ttl_us])
+                c.query_one(Query::Renew, &[&id, &owner, &epoch, &ttl_us, &queue])
                     .await
             })
             .await?;
@@ -85,13 +90,15 @@ impl Client {
         Ok(renewal)
     }
 
-    /// `lease.renew_batch`: one heartbeat for many leases of `owner`; one
-    /// [`Renewal`] per token, in input order. A lost lease is reported as
-    /// `held: false`, not as an error.
+    /// `lease.renew_batch`: one heartbeat for many leases of `owner` on
+    /// rows of `queue`; one [`Renewal`] per token, in input order. A lost
+    /// lease (also one of another queue) is reported as `held: false`, not
+    /// as an error.
     pub async fn renew_batch(
         &self,
         owner: &str,
         tokens: &[FencingToken],
+        queue: &str,
         ttl: Duration,
     ) -> Result<Vec<Renewal>> {
         if tokens.is_empty() {
@@ -102,7 +109,7 @@ impl Client {
         let (ids, epochs) = (&ids, &epochs);
         let rows = self
             .call(|c| async move {
-                c.query(Query::RenewBatch, &[ids, &owner, epochs, &ttl_us])
+                c.query(Query::RenewBatch, &[ids, &owner, epochs, &ttl_us, &queue])
                     .await
             })
             .await?;
@@ -118,7 +125,10 @@ impl Client {
     /// [`Error::LeaseLost`] (and nothing changed) if it was no longer held.
     pub async fn release(&self, lease: &Lease, outcome: &Outcome) -> Result<()> {
         let token = lease.token();
-        if self.release_token(&lease.owner, token, outcome).await? {
+        if self
+            .release_token(&lease.owner, token, &lease.queue, outcome)
+            .await?
+        {
             Ok(())
         } else {
             Err(Error::LeaseLost {
@@ -128,11 +138,13 @@ impl Client {
         }
     }
 
-    /// `lease.release` by token: `Ok(false)` if the lease was lost.
+    /// `lease.release` by token of a row of `queue`: `Ok(false)` if the
+    /// lease was lost.
     pub(crate) async fn release_token(
         &self,
         owner: &str,
         token: FencingToken,
+        queue: &str,
         outcome: &Outcome,
     ) -> Result<bool> {
         if outcome.is_released() {
@@ -146,7 +158,7 @@ impl Client {
             let row = c
                 .query_one(
                     Query::Release,
-                    &[&id, &owner, &epoch, &name, &delay, &error],
+                    &[&id, &owner, &epoch, &name, &delay, &error, &queue],
                 )
                 .await?;
             col(&row, 0)
@@ -154,13 +166,15 @@ impl Client {
         .await
     }
 
-    /// `lease.release_batch`: ends many leases of `owner` with one outcome
-    /// in one statement (batched completions). One `bool` per token, in
-    /// input order: `false` means that lease was lost.
+    /// `lease.release_batch`: ends many leases of `owner` on rows of
+    /// `queue` with one outcome in one statement (batched completions). One
+    /// `bool` per token, in input order: `false` means that lease was lost
+    /// (also one of another queue).
     pub async fn release_batch(
         &self,
         owner: &str,
         tokens: &[FencingToken],
+        queue: &str,
         outcome: &Outcome,
     ) -> Result<Vec<bool>> {
         if outcome.is_released() {
@@ -175,7 +189,7 @@ impl Client {
             .call(|c| async move {
                 c.query(
                     Query::ReleaseBatch,
-                    &[ids, &owner, epochs, &name, &delay, &error],
+                    &[ids, &owner, epochs, &name, &delay, &error, &queue],
                 )
                 .await
             })
@@ -191,7 +205,7 @@ impl Client {
     }
 
     /// `lease.release_and_claim`: records the leases of `owner` in
-    /// `tokens` as done and claims up to `limit` rows of `queue` for `ttl`,
+    /// `tokens` (rows of `queue`) as done and claims up to `limit` rows of `queue` for `ttl`,
     /// in one statement and one commit (a worker refilling the slots its
     /// finished jobs freed). Returns one `bool` per token, in order
     /// (`false`: that lease was lost), and the claimed rows.

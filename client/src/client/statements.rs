@@ -7,6 +7,12 @@
 //! Durations travel as microseconds (`bigint`): tokio-postgres has no
 //! `interval` mapping, and the server builds the interval, so no client
 //! clock is involved.
+//!
+//! A set-returning call is read in the order the function returns its rows
+//! (every one documents that order, and the batch calls check it): a call
+//! written `WITH ORDINALITY` cannot be forwarded whole by Citus, whose
+//! deparsed command loses the ordinality column ("a column definition list
+//! is required").
 
 /// Declares [`Query`] and the list of all its variants.
 macro_rules! queries {
@@ -226,7 +232,7 @@ impl Query {
                 "keys => $3::text[], run_at => ",
                 at_or_null!("4"),
                 ", priority => $5::int, concurrency_keys => $6::text[]) ",
-                "WITH ORDINALITY AS e(id, ord) ORDER BY e.ord"
+                "AS e(id)"
             ),
             S::Claim => concat!(
                 "SELECT c.id, c.queue, c.key, c.payload, c.epoch, c.attempt, c.lease_until, c.eligible_at ",
@@ -244,34 +250,32 @@ impl Query {
                 "SELECT r.id, r.held, r.lease_until, r.cancel_requested ",
                 "FROM lease.renew(id => $1::bigint, owner => $2::text, epoch => $3::bigint, ttl => ",
                 micros!("4"),
-                ") AS r"
+                ", queue => $5::text) AS r"
             ),
             S::RenewBatch => concat!(
                 "SELECT r.id, r.held, r.lease_until, r.cancel_requested ",
                 "FROM lease.renew_batch(ids => $1::bigint[], owner => $2::text, epochs => $3::bigint[], ttl => ",
                 micros!("4"),
-                ") WITH ORDINALITY AS r(id, held, lease_until, cancel_requested, ord) ORDER BY r.ord"
+                ", queue => $5::text) AS r"
             ),
             S::Release => concat!(
                 "SELECT lease.release(id => $1::bigint, owner => $2::text, epoch => $3::bigint, ",
                 "outcome => $4::text, retry_at => ",
                 at_or_null!("5"),
-                ", error => $6::text)"
+                ", error => $6::text, queue => $7::text)"
             ),
             S::ReleaseBatch => concat!(
                 "SELECT r.id, r.released FROM lease.release_batch(ids => $1::bigint[], owner => $2::text, ",
                 "epochs => $3::bigint[], outcome => $4::text, retry_at => ",
                 at_or_null!("5"),
-                ", error => $6::text) WITH ORDINALITY AS r(id, released, ord) ORDER BY r.ord"
+                ", error => $6::text, queue => $7::text) AS r"
             ),
             S::ReleaseAndClaim => concat!(
                 "SELECT r.released, r.id, $6::text, r.key, r.payload, r.epoch, r.attempt, r.lease_until, r.eligible_at ",
                 "FROM lease.release_and_claim(ids => $1::bigint[], owner => $2::text, epochs => $3::bigint[], ",
                 "\"limit\" => $4::int, ttl => ",
                 micros!("5"),
-                ", queue => $6::text) ",
-                "WITH ORDINALITY AS r(released, id, key, payload, epoch, attempt, lease_until, eligible_at, ord) ",
-                "ORDER BY r.ord"
+                ", queue => $6::text) AS r"
             ),
             S::FencedUpdate => {
                 "SELECT lease.fenced_update(id => $1::bigint, epoch => $2::bigint, patch => $3::jsonb)"

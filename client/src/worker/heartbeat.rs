@@ -33,7 +33,7 @@ pub(super) async fn renewer(ctx: &Ctx, stop: &CancellationToken) {
         for chunk in tokens.chunks(MAX_BATCH) {
             let renewals = tokio::select! {
                 () = stop.cancelled() => return,
-                r = ctx.heartbeat.renew_batch(&cfg.owner, chunk, cfg.ttl) => r,
+                r = ctx.heartbeat.renew_batch(&cfg.owner, chunk, &cfg.queue, cfg.ttl) => r,
             };
             ctx.counters.heartbeat(sent.elapsed(), tokens.len());
             let renewals = match renewals {

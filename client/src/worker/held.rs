@@ -70,7 +70,7 @@ impl Drop for Held {
         let lease = self.lease.clone();
         let outcome = std::mem::replace(&mut self.outcome, Outcome::Abandon);
         runtime.spawn(async move {
-            if let Err(e) = client.release_token(&lease.owner, lease.token(), &outcome).await {
+            if let Err(e) = client.release_token(&lease.owner, lease.token(), &lease.queue, &outcome).await {
                 tracing::warn!(id = lease.id, epoch = lease.epoch, error = %e, "release of a dropped lease failed; it expires");
             }
         });

@@ -58,10 +58,14 @@ pub(super) async fn release_held(
         }
         let released = match tokens.as_slice() {
             [one] => client
-                .release_token(owner, *one, &outcome)
+                .release_token(owner, *one, &cfg.queue, &outcome)
                 .await
                 .map(|ok| vec![ok]),
-            _ => client.release_batch(owner, &tokens, &outcome).await,
+            _ => {
+                client
+                    .release_batch(owner, &tokens, &cfg.queue, &outcome)
+                    .await
+            }
         };
         (outcome, group, released, Vec::new())
     }))
