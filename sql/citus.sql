@@ -55,6 +55,31 @@ $$;
 COMMENT ON FUNCTION lease._refuse_if_distributed(text) IS
 $$Internal: raises 0A000 naming WHAT when this is a distributed install (lease.distribute()).$$;
 
+CREATE FUNCTION lease._local_queues() RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    shard text;
+BEGIN
+    -- Read from this node's shards of lease.queue themselves: a read of
+    -- lease.queue would ask every node, and each node sweeps alone.
+    FOR shard IN EXECUTE
+        $q$SELECT pg_catalog.format('lease.%I', 'queue_' || s.shardid)
+             FROM pg_catalog.pg_dist_shard s
+             JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+            WHERE s.logicalrelid = 'lease.queue'::regclass
+              AND p.groupid = (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l)
+            ORDER BY s.shardid$q$
+    LOOP
+        RETURN QUERY EXECUTE pg_catalog.format('SELECT q.name FROM %s q ORDER BY q.name', shard);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._local_queues() IS
+$$Internal (lease.sweep on a distributed install): the queues whose shard this node holds.$$;
+
 CREATE FUNCTION lease._assign_id_ranges() RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -178,7 +203,8 @@ $$Makes this database's pg_lease a distributed install on Citus (run it once on 
 extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
 by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
 enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, and renew, release
-and their batch forms given their queue are forwarded to the node holding it, one round trip.
+and their batch forms given their queue are forwarded to the node holding it, one round trip. The reaper of
+each node sweeps the queues that node holds.
 SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
 call it again after adding nodes, to give them theirs (it changes nothing else the second time).
 Experimental: docs/operations.md says what a distributed install supports so far.

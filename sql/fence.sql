@@ -10,6 +10,8 @@ DECLARE
     q lease.queue;
     bytes integer;
 BEGIN
+    -- A row's id alone cannot route a call on a distributed install.
+    PERFORM lease._refuse_if_distributed('lease.fenced_update');
     PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
             lease._checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
     IF jsonb_typeof(patch) <> 'object' THEN
@@ -36,7 +38,7 @@ $$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, bu
 is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
 Errors: 22004 an argument NULL; 22023 patch is not a JSON object, or the payload would grow over the
 queue's max_payload_bytes; 42501 the row's queue is restricted
-and the caller may not work it.$$;
+and the caller may not work it; 0A000 a distributed install.$$;
 
 CREATE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -45,6 +47,8 @@ AS $$
 DECLARE
     until timestamptz;
 BEGIN
+    -- A row's id alone cannot route a call on a distributed install.
+    PERFORM lease._refuse_if_distributed('lease.fence');
     PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
             lease._check_rows(ARRAY[id], '{work}');
     -- Lock order for an attached table's row: the table row first, then
@@ -79,4 +83,4 @@ locks that table's row FOR NO KEY UPDATE, the order every writer of the table fo
 cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
 your tables.
 Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
+and the caller may not work it; 0A000 a distributed install.$$;

@@ -27,6 +27,10 @@ DECLARE
     d constant interval := ttl;
     result lease.renewal;
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF renew.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.renew without its queue');
+    END IF;
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_ttl(d)) THEN
         PERFORM lease._checked_owner(o), lease._checked_ttl(d),
@@ -56,7 +60,8 @@ queue (a lease of another is lost), and routes the call on a distributed install
 cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
 means lease.cancel was called and the owner should stop and release.
 Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters;
-42501 the row's queue is restricted and the caller may not work it.$$;
+42501 the row's queue is restricted and the caller may not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval, queue text DEFAULT NULL)
 RETURNS SETOF lease.renewal
@@ -67,6 +72,10 @@ DECLARE
     o constant text := lease._checked_owner(owner);
     d constant interval := lease._checked_ttl(ttl);
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF renew_batch.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.renew_batch without its queue');
+    END IF;
     PERFORM lease._checked_same_length(ids, epochs), lease._check_rows(ids, '{work}', renew_batch.queue);
     RETURN QUERY
     WITH held AS MATERIALIZED (
@@ -115,7 +124,8 @@ transaction holds locked (the owner's own open fence, a writer of an attached ta
 such a lease is reported with held NULL (busy: still held, not extended; try again soon) and its current
 lease_until.
 Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
-elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
+elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE FUNCTION lease.release(
     id       bigint,
@@ -142,6 +152,10 @@ DECLARE
     rk bigint;
     na timestamptz;
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF release.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.release without its queue');
+    END IF;
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_outcome(oc)) THEN
         PERFORM lease._checked_owner(o), lease._checked_outcome(oc),
@@ -215,7 +229,8 @@ retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' 
 'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
 into 'cancelled'. error is kept in last_error.
 Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters, retry_at
-infinite; 42501 the row's queue is restricted and the caller may not work it.$$;
+infinite; 42501 the row's queue is restricted and the caller may not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE FUNCTION lease.release_batch(
     ids      bigint[],
@@ -249,6 +264,10 @@ DECLARE
     keyed boolean := false;
     moved record;
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF release_batch.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.release_batch without its queue');
+    END IF;
     PERFORM lease._checked_same_length(ids, epochs), lease._checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu
                 WHERE qu.restricted AND (release_batch.queue IS NULL OR qu.name = release_batch.queue)) THEN
@@ -344,4 +363,5 @@ $$lease.release for many leases of one owner (of QUEUE, when given) with one out
 ids[i] goes with epochs[i]; returns (id, released) per element in input order.
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
 unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
-not work it.$$;
+not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;

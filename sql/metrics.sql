@@ -105,27 +105,36 @@ COMMENT ON FUNCTION lease._count_moved(text, lease.job_state, lease.job_state, b
 $$Internal: counts N rows of QUEUE that went from FROM_STATE to TO_STATE (NULL: inserted, or deleted);
 OUTCOME 'retry' counts a return to pending as a retry, OUTCOME 'done' a leased row deleted as done.$$;
 
-CREATE FUNCTION lease._fold_counters() RETURNS bigint
+CREATE FUNCTION lease._fold_counters(only_queue text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    folded bigint;
+    folded bigint := 0;
+    r record;
 BEGIN
     -- Rows a backend's open transaction holds are left for the next sweep.
     -- The upsert is lease._count's, for summed rows: _count stays one
-    -- statement on every state change's path.
+    -- statement on every state change's path. One upsert per queue, not an
+    -- INSERT ... SELECT from the DELETE: on a distributed install (citus.sql)
+    -- Citus would run that one through the coordinator.
+    FOR r IN
     WITH gone AS (
         DELETE FROM lease.counter c
-         WHERE (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k
-                                         WHERE k.backend <> 0 FOR UPDATE SKIP LOCKED)
+         WHERE (only_queue IS NULL OR c.queue = only_queue)
+           AND (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k
+                                         WHERE k.backend <> 0 AND (only_queue IS NULL OR k.queue = only_queue)
+                                           FOR UPDATE SKIP LOCKED)
         RETURNING c.*
-    ), sums AS (
+    )
+    SELECT g.queue, count(*) AS n, sum(g.enqueued) AS enqueued, sum(g.claimed) AS claimed, sum(g.done) AS done,
+           sum(g.retried) AS retried, sum(g.died) AS died, sum(g.cancelled) AS cancelled,
+           sum(g.pending) AS pending, sum(g.dead) AS dead
+      FROM gone g
+     GROUP BY g.queue
+    LOOP
         INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)
-        SELECT g.queue, 0, sum(g.enqueued), sum(g.claimed), sum(g.done), sum(g.retried), sum(g.died),
-               sum(g.cancelled), sum(g.pending), sum(g.dead)
-          FROM gone g
-         GROUP BY g.queue
+        VALUES (r.queue, 0, r.enqueued, r.claimed, r.done, r.retried, r.died, r.cancelled, r.pending, r.dead)
             ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE
            SET enqueued  = c.enqueued + excluded.enqueued,
                claimed   = c.claimed + excluded.claimed,
@@ -134,15 +143,15 @@ BEGIN
                died      = c.died + excluded.died,
                cancelled = c.cancelled + excluded.cancelled,
                pending   = c.pending + excluded.pending,
-               dead      = c.dead + excluded.dead
-    )
-    SELECT count(*) INTO folded FROM gone;
+               dead      = c.dead + excluded.dead;
+        folded := folded + r.n;
+    END LOOP;
     RETURN folded;
 END
 $$;
 
-COMMENT ON FUNCTION lease._fold_counters() IS
-    'Internal: adds the counter rows of every backend into the folded row of their queue (lease.sweep calls it); returns how many rows were folded.';
+COMMENT ON FUNCTION lease._fold_counters(text) IS
+    'Internal: adds the counter rows of every backend into the folded row of their queue (of ONLY_QUEUE, or all) (lease.sweep calls it); returns how many rows were folded.';
 
 CREATE FUNCTION lease.recount() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -419,6 +419,8 @@ DECLARE
     ck text;
     was_held boolean;
 BEGIN
+    -- A row's id alone cannot route a call on a distributed install.
+    PERFORM lease._refuse_if_distributed('lease.cancel');
     PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
@@ -449,7 +451,7 @@ $$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A lease
 but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
 returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it.$$;
+queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install.$$;
 
 CREATE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -32,9 +32,13 @@ BEGIN
                next_at     = lease._retry_at(t, j.attempt, q.backoff_base, q.backoff_max, q.jitter, j.id, j.epoch),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
-               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
+               -- Concatenated, not format()ted: Citus allows no STABLE
+               -- function of a column in an UPDATE of a distributed table.
+               last_error  = 'lease expired: owner ' || j.owner || ', epoch ' || j.epoch::text
+                             || ', attempt ' || j.attempt::text
           FROM lease.queue q
          WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
+           AND (only_queue IS NULL OR j.queue = only_queue)
            AND q.name = j.queue
         RETURNING j.id, j.queue, j.state, j.concurrency_key
     ), counted AS (
@@ -52,7 +56,7 @@ BEGIN
         UPDATE lease.queue q
            SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
           FROM counted c
-         WHERE q.name = c.queue
+         WHERE q.name = c.queue AND (only_queue IS NULL OR q.name = only_queue)
     )
     SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed, c.requeued_ids FROM counted c ORDER BY c.queue
     LOOP
@@ -95,9 +99,8 @@ Rows locked by others are skipped. Sends a NOTIFY on the queue's channel (lease.
 that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
-CREATE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE FUNCTION lease._purge(max_rows integer, only_queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     n constant integer := lease._checked_limit(max_rows);
@@ -114,10 +117,12 @@ BEGIN
            -- matching; purging them earlier would leave that row unleased.
            AND NOT q.attached
            AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
+           AND (only_queue IS NULL OR j.queue = only_queue)
          LIMIT n
            FOR UPDATE OF j SKIP LOCKED
     ), gone AS (
-        DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o))
+        DELETE FROM lease.job j
+         WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o)) AND (only_queue IS NULL OR j.queue = only_queue)
         RETURNING j.queue, j.state
     )
     SELECT g.queue, count(*) AS n, count(*) FILTER (WHERE g.state = 'dead') AS dead
@@ -131,6 +136,16 @@ BEGIN
     RETURN removed;
 END
 $$;
+
+COMMENT ON FUNCTION lease._purge(integer, text) IS
+$$Internal: lease.purge, of ONLY_QUEUE when it is not NULL.$$;
+
+CREATE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT lease._purge(max_rows, NULL);
+END;
 
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention

@@ -84,6 +84,9 @@ DECLARE
     prior lease.session;
     ended bigint := 0;
 BEGIN
+    -- The session would be looked for on the node holding the queue, where
+    -- it does not run.
+    PERFORM lease._refuse_if_distributed('lease.bind_session');
     PERFORM lease._check_access(q, '{work}');
     SELECT * INTO prior FROM lease.session s WHERE s.queue = q AND s.owner = o FOR UPDATE;
     IF FOUND AND prior.pid = me AND prior.server_start = pg_postmaster_start_time() THEN
@@ -115,7 +118,7 @@ session while the old one still runs moves the leases to it; if the old one has 
 Returns false when it ended leases that way, true otherwise. Any role that may work QUEUE may bind any owner
 name in it (as with lease.reclaim_own): owner names are not secrets between a queue's workers. Errors: 22004
 an argument NULL; 22023 owner invalid; 42704 no such queue; 42501 the queue is restricted and the caller may
-not work it.$$;
+not work it; 0A000 on a distributed install (lease.distribute).$$;
 
 CREATE FUNCTION lease._end_lost_sessions(max_rows integer) RETURNS bigint
 LANGUAGE plpgsql VOLATILE

@@ -19,11 +19,13 @@ COMMENT ON TABLE lease.sweep_state IS
 INSERT INTO lease.sweep_state DEFAULT VALUES;
 
 -- The sweep's step that moves queue heads up (head.sql).
-CREATE FUNCTION lease._raise_heads() RETURNS integer
+CREATE FUNCTION lease._raise_heads(only_queue text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- A variable: Citus refuses a VOLATILE function in a subquery.
+    stale_before constant timestamptz := clock_timestamp() - interval '1 minute';
     q record;
     raised integer := 0;
 BEGIN
@@ -31,12 +33,13 @@ BEGIN
     -- last folded (lease.metrics), and once a minute every raised head.
     FOR q IN SELECT qu.name, checked.stale AS from_start
                FROM lease.queue qu
-              CROSS JOIN LATERAL (SELECT qu.head_checked_at < clock_timestamp() - interval '1 minute'
+              CROSS JOIN LATERAL (SELECT qu.head_checked_at < stale_before
                                          -- A head at the start has nothing to heal.
                                          AND qu.head_priority <> 2147483647 AS stale) AS checked
-              WHERE checked.stale
-                 OR EXISTS (SELECT FROM lease.counter c
-                             WHERE c.queue = qu.name AND c.backend <> 0 AND (c.claimed > 0 OR c.cancelled > 0))
+              WHERE (only_queue IS NULL OR qu.name = only_queue)
+                AND (checked.stale
+                     OR EXISTS (SELECT FROM lease.counter c
+                                 WHERE c.queue = qu.name AND c.backend <> 0 AND (c.claimed > 0 OR c.cancelled > 0)))
               ORDER BY qu.name LOOP
         IF lease._raise_head(q.name, q.from_start) THEN
             raised := raised + 1;
@@ -46,39 +49,27 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._raise_heads() IS
-$$Internal (lease.sweep): lease._raise_head for each queue whose rows were claimed or cancelled since the
+COMMENT ON FUNCTION lease._raise_heads(text) IS
+$$Internal (lease.sweep): lease._raise_head for each queue (or ONLY_QUEUE) whose rows were claimed or cancelled since the
 metrics counters were last folded, and from the start for each raised head not so checked for a minute;
 returns how many heads it could look at.$$;
 
-CREATE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
-RETURNS TABLE (recovered bigint, purged bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+CREATE FUNCTION lease._sweep_all(max_rows integer, t timestamptz,
+                                 OUT recovered bigint, OUT purged bigint, OUT failures text[])
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
-    n constant integer := lease._checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
+    n constant integer := max_rows;
     r record;
     q text;
     step record;
     done bigint;
     problem text;
-    failures text[] := '{}';
 BEGIN
     recovered := 0;
     purged := 0;
-    -- One sweep per database at a time, and never a wait for another one:
-    -- a session that left a sweep open in its transaction must not hold up
-    -- the reaper (nor, through it, other databases). The lock is the row of
-    -- sweep_state, which only pg_lease's own functions (and superusers) can
-    -- lock: an advisory lock's key any role could take first.
-    PERFORM FROM lease.sweep_state s FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
+    failures := '{}';
     -- Leases whose session has ended expire first, so that this pass
     -- already recovers them.
     BEGIN
@@ -128,6 +119,44 @@ BEGIN
             failures := failures || format('%s: %s: %s', step.name, SQLSTATE, problem);
         END;
     END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._sweep_all(integer, timestamptz) IS
+$$Internal (lease.sweep on a single node): the leases of ended sessions expired, then lease.reap, due
+schedules, lease.purge, concurrency slots, queue heads and counters, MAX_ROWS rows per step, each step in a
+subtransaction of its own (T: when the sweep started); returns the rows recovered and purged and what failed.$$;
+
+CREATE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
+RETURNS TABLE (recovered bigint, purged bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n constant integer := lease._checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    problem text;
+    failures text[];
+BEGIN
+    recovered := 0;
+    purged := 0;
+    -- One sweep per database at a time, and never a wait for another one:
+    -- a session that left a sweep open in its transaction must not hold up
+    -- the reaper (nor, through it, other databases). The lock is the row of
+    -- sweep_state, which only pg_lease's own functions (and superusers) can
+    -- lock: an advisory lock's key any role could take first.
+    PERFORM FROM lease.sweep_state s FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Each node of a distributed install sweeps the queues it holds (citus.sql).
+    IF lease._distributed() THEN
+        SELECT d.recovered, d.purged, d.failures INTO recovered, purged, failures FROM lease._sweep_queues(n) d;
+    ELSE
+        SELECT d.recovered, d.purged, d.failures INTO recovered, purged, failures FROM lease._sweep_all(n, t) d;
+    END IF;
     IF cardinality(failures) > 0 THEN
         -- Keep the reason where operators look (reaper_stats and the log).
         problem := array_to_string(failures, '; ');
@@ -155,25 +184,73 @@ so one queue's rows cannot stop the others. Returns (0, 0) at once while another
 lease.sweep_interval; without preloading, call it from any scheduler.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
+CREATE FUNCTION lease._sweep_queues(max_rows integer, OUT recovered bigint, OUT purged bigint, OUT failures text[])
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Every statement names its queue; planned for it, it runs on that
+-- queue's shard alone (citus.sql).
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    q text;
+    r record;
+    problem text;
+BEGIN
+    recovered := 0;
+    purged := 0;
+    failures := '{}';
+    -- Queue by queue, each in a subtransaction: one that fails stops none of
+    -- the others. No schedules and no bound sessions on a distributed install.
+    FOR q IN SELECT lease._local_queues() LOOP
+        BEGIN
+            FOR r IN SELECT * FROM lease._reap(max_rows, q) LOOP
+                recovered := recovered + lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled);
+            END LOOP;
+            purged := purged + lease._purge(max_rows, q);
+            PERFORM lease._top_up_slots(q);
+            PERFORM lease._raise_heads(q);
+            PERFORM lease._fold_counters(q);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+            failures := failures || format('queue "%s": %s: %s', q, SQLSTATE, problem);
+        END;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._sweep_queues(integer) IS
+$$Internal (lease.sweep on a distributed install): reaps, purges, tops up the concurrency slots, raises the
+head and folds the counters of each queue this node holds, MAX_ROWS rows per step and queue; returns the
+rows recovered and purged and what failed.$$;
+
 CREATE FUNCTION lease._next_sweep_due() RETURNS timestamptz
-LANGUAGE sql STABLE
-RETURN least(
-    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
-    -- Per queue, so that it costs O(queues); either retention bounds it.
-    (SELECT min(f.first + least(q.retention, q.dead_retention))
-       FROM lease.queue q
-       CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
-                             FROM lease.job j
-                            WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
-      WHERE NOT q.attached),
-    (SELECT min(s.next_at) FROM lease.schedule s),
-    -- At most once a second for write-backs: one that stays due while its
-    -- owner's worker runs, waits or finds no worker slot would make every
-    -- pass a sweep of this database.
-    (SELECT greatest(min(w.next_try_at), clock_timestamp() + interval '1 second')
-       FROM lease.write_back w HAVING count(*) > 0),
-    -- Sessions that leases are bound to are looked at on every pass.
-    (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lease._distributed() THEN
+        -- Every pass: the reads below would ask every node of the cluster.
+        RETURN now();
+    END IF;
+    RETURN least(
+        (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
+        -- Per queue, so that it costs O(queues); either retention bounds it.
+        (SELECT min(f.first + least(q.retention, q.dead_retention))
+           FROM lease.queue q
+           CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
+                                 FROM lease.job j
+                                WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
+          WHERE NOT q.attached),
+        (SELECT min(s.next_at) FROM lease.schedule s),
+        -- At most once a second for write-backs: one that stays due while its
+        -- owner's worker runs, waits or finds no worker slot would make every
+        -- pass a sweep of this database.
+        (SELECT greatest(min(w.next_try_at), clock_timestamp() + interval '1 second')
+           FROM lease.write_back w HAVING count(*) > 0),
+        -- Sessions that leases are bound to are looked at on every pass.
+        (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
+END
+$$;
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; on a distributed install, now (every pass).';

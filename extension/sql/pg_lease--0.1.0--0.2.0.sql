@@ -658,11 +658,13 @@ $$Internal: lease._lower_head for the rows IDS (of QUEUE, when given) that the c
 (those not pending, or held, are passed over), once per queue with its earliest row.$$;
 
 -- sweep.sql's step that raises them (new).
-CREATE OR REPLACE FUNCTION lease._raise_heads() RETURNS integer
+CREATE OR REPLACE FUNCTION lease._raise_heads(only_queue text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- A variable: Citus refuses a VOLATILE function in a subquery.
+    stale_before constant timestamptz := clock_timestamp() - interval '1 minute';
     q record;
     raised integer := 0;
 BEGIN
@@ -670,12 +672,13 @@ BEGIN
     -- last folded (lease.metrics), and once a minute every raised head.
     FOR q IN SELECT qu.name, checked.stale AS from_start
                FROM lease.queue qu
-              CROSS JOIN LATERAL (SELECT qu.head_checked_at < clock_timestamp() - interval '1 minute'
+              CROSS JOIN LATERAL (SELECT qu.head_checked_at < stale_before
                                          -- A head at the start has nothing to heal.
                                          AND qu.head_priority <> 2147483647 AS stale) AS checked
-              WHERE checked.stale
-                 OR EXISTS (SELECT FROM lease.counter c
-                             WHERE c.queue = qu.name AND c.backend <> 0 AND (c.claimed > 0 OR c.cancelled > 0))
+              WHERE (only_queue IS NULL OR qu.name = only_queue)
+                AND (checked.stale
+                     OR EXISTS (SELECT FROM lease.counter c
+                                 WHERE c.queue = qu.name AND c.backend <> 0 AND (c.claimed > 0 OR c.cancelled > 0)))
               ORDER BY qu.name LOOP
         IF lease._raise_head(q.name, q.from_start) THEN
             raised := raised + 1;
@@ -685,8 +688,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease._raise_heads() IS
-$$Internal (lease.sweep): lease._raise_head for each queue whose rows were claimed or cancelled since the
+COMMENT ON FUNCTION lease._raise_heads(text) IS
+$$Internal (lease.sweep): lease._raise_head for each queue (or ONLY_QUEUE) whose rows were claimed or cancelled since the
 metrics counters were last folded, and from the start for each raised head not so checked for a minute;
 returns how many heads it could look at.$$;
 
@@ -852,9 +855,13 @@ BEGIN
                next_at     = lease._retry_at(t, j.attempt, q.backoff_base, q.backoff_max, q.jitter, j.id, j.epoch),
                epoch       = greatest(j.epoch + 1, f),
                lease_until = NULL,
-               last_error  = format('lease expired: owner %s, epoch %s, attempt %s', j.owner, j.epoch, j.attempt)
+               -- Concatenated, not format()ted: Citus allows no STABLE
+               -- function of a column in an UPDATE of a distributed table.
+               last_error  = 'lease expired: owner ' || j.owner || ', epoch ' || j.epoch::text
+                             || ', attempt ' || j.attempt::text
           FROM lease.queue q
          WHERE j.id = ANY (ARRAY(SELECT e.id FROM expired e))
+           AND (only_queue IS NULL OR j.queue = only_queue)
            AND q.name = j.queue
         RETURNING j.id, j.queue, j.state, j.concurrency_key
     ), counted AS (
@@ -872,7 +879,7 @@ BEGIN
         UPDATE lease.queue q
            SET recovered_total = q.recovered_total + c.requeued + c.dead + c.cancelled
           FROM counted c
-         WHERE q.name = c.queue
+         WHERE q.name = c.queue AND (only_queue IS NULL OR q.name = only_queue)
     )
     SELECT c.queue, c.requeued, c.dead, c.cancelled, c.freed, c.requeued_ids FROM counted c ORDER BY c.queue
     LOOP
@@ -915,9 +922,8 @@ Rows locked by others are skipped. Sends a NOTIFY on the queue's channel (lease.
 that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
-CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+CREATE OR REPLACE FUNCTION lease._purge(max_rows integer, only_queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     n constant integer := lease._checked_limit(max_rows);
@@ -934,10 +940,12 @@ BEGIN
            -- matching; purging them earlier would leave that row unleased.
            AND NOT q.attached
            AND j.finished_at < t - CASE WHEN j.state = 'done' THEN q.retention ELSE q.dead_retention END
+           AND (only_queue IS NULL OR j.queue = only_queue)
          LIMIT n
            FOR UPDATE OF j SKIP LOCKED
     ), gone AS (
-        DELETE FROM lease.job j WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o))
+        DELETE FROM lease.job j
+         WHERE j.id = ANY (ARRAY(SELECT o.id FROM old o)) AND (only_queue IS NULL OR j.queue = only_queue)
         RETURNING j.queue, j.state
     )
     SELECT g.queue, count(*) AS n, count(*) FILTER (WHERE g.state = 'dead') AS dead
@@ -951,6 +959,16 @@ BEGIN
     RETURN removed;
 END
 $$;
+
+COMMENT ON FUNCTION lease._purge(integer, text) IS
+$$Internal: lease.purge, of ONLY_QUEUE when it is not NULL.$$;
+
+CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT lease._purge(max_rows, NULL);
+END;
 
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
@@ -1216,6 +1234,8 @@ DECLARE
     q lease.queue;
     bytes integer;
 BEGIN
+    -- A row's id alone cannot route a call on a distributed install.
+    PERFORM lease._refuse_if_distributed('lease.fenced_update');
     PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
             lease._checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
     IF jsonb_typeof(patch) <> 'object' THEN
@@ -1242,7 +1262,7 @@ $$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, bu
 is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
 Errors: 22004 an argument NULL; 22023 patch is not a JSON object, or the payload would grow over the
 queue's max_payload_bytes; 42501 the row's queue is restricted
-and the caller may not work it.$$;
+and the caller may not work it; 0A000 a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1251,6 +1271,8 @@ AS $$
 DECLARE
     until timestamptz;
 BEGIN
+    -- A row's id alone cannot route a call on a distributed install.
+    PERFORM lease._refuse_if_distributed('lease.fence');
     PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
             lease._check_rows(ARRAY[id], '{work}');
     -- Lock order for an attached table's row: the table row first, then
@@ -1285,7 +1307,7 @@ locks that table's row FOR NO KEY UPDATE, the order every writer of the table fo
 cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
 your tables.
 Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it.$$;
+and the caller may not work it; 0A000 a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1535,6 +1557,8 @@ DECLARE
     ck text;
     was_held boolean;
 BEGIN
+    -- A row's id alone cannot route a call on a distributed install.
+    PERFORM lease._refuse_if_distributed('lease.cancel');
     PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
     UPDATE lease.job j
        SET cancel_requested = true,
@@ -1565,7 +1589,7 @@ $$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A lease
 but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
 returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it.$$;
+queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1641,6 +1665,10 @@ DECLARE
     d constant interval := ttl;
     result lease.renewal;
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF renew.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.renew without its queue');
+    END IF;
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_ttl(d)) THEN
         PERFORM lease._checked_owner(o), lease._checked_ttl(d),
@@ -1670,7 +1698,8 @@ queue (a lease of another is lost), and routes the call on a distributed install
 cancel_requested): held = false means the lease is lost and nothing changed; cancel_requested = true
 means lease.cancel was called and the owner should stop and release.
 Errors: 22004 an argument NULL; 22023 ttl not in (0, 1 day], owner empty or over 256 characters;
-42501 the row's queue is restricted and the caller may not work it.$$;
+42501 the row's queue is restricted and the caller may not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.renew_batch(ids bigint[], owner text, epochs bigint[], ttl interval, queue text DEFAULT NULL)
 RETURNS SETOF lease.renewal
@@ -1681,6 +1710,10 @@ DECLARE
     o constant text := lease._checked_owner(owner);
     d constant interval := lease._checked_ttl(ttl);
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF renew_batch.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.renew_batch without its queue');
+    END IF;
     PERFORM lease._checked_same_length(ids, epochs), lease._check_rows(ids, '{work}', renew_batch.queue);
     RETURN QUERY
     WITH held AS MATERIALIZED (
@@ -1729,7 +1762,8 @@ transaction holds locked (the owner's own open fence, a writer of an attached ta
 such a lease is reported with held NULL (busy: still held, not extended; try again soon) and its current
 lease_until.
 Errors: 22004 an argument NULL or an element NULL; 22023 arrays of different lengths or over 10000
-elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it.$$;
+elements, ttl or owner invalid; 42501 a row's queue is restricted and the caller may not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.release(
     id       bigint,
@@ -1756,6 +1790,10 @@ DECLARE
     rk bigint;
     na timestamptz;
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF release.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.release without its queue');
+    END IF;
     -- The checks run only when an argument is off (see lease.claim_pending).
     IF NOT (id IS NOT NULL AND epoch IS NOT NULL AND lease._valid_owner(o) AND lease._valid_outcome(oc)) THEN
         PERFORM lease._checked_owner(o), lease._checked_outcome(oc),
@@ -1829,7 +1867,8 @@ retry_at, default now + backoff; dead once attempts reach max_attempts), 'fail' 
 'abandon' (pending again at once, the attempt is given back). A cancel request turns retry and abandon
 into 'cancelled'. error is kept in last_error.
 Errors: 22004 an argument NULL; 22023 unknown outcome, owner empty or over 256 characters, retry_at
-infinite; 42501 the row's queue is restricted and the caller may not work it.$$;
+infinite; 42501 the row's queue is restricted and the caller may not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.release_batch(
     ids      bigint[],
@@ -1863,6 +1902,10 @@ DECLARE
     keyed boolean := false;
     moved record;
 BEGIN
+    -- Only the queue can route a call on a distributed install.
+    IF release_batch.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.release_batch without its queue');
+    END IF;
     PERFORM lease._checked_same_length(ids, epochs), lease._checked_time(retry_at, 'retry_at');
     IF EXISTS (SELECT FROM lease.queue qu
                 WHERE qu.restricted AND (release_batch.queue IS NULL OR qu.name = release_batch.queue)) THEN
@@ -1958,7 +2001,8 @@ $$lease.release for many leases of one owner (of QUEUE, when given) with one out
 ids[i] goes with epochs[i]; returns (id, released) per element in input order.
 Errors: 22004 an argument or element NULL; 22023 arrays of different lengths or over 10000 elements,
 unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restricted and the caller may
-not work it.$$;
+not work it;
+22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
 CREATE OR REPLACE FUNCTION lease.claim_pending(
     "limit" integer,
@@ -3224,6 +3268,9 @@ DECLARE
     prior lease.session;
     ended bigint := 0;
 BEGIN
+    -- The session would be looked for on the node holding the queue, where
+    -- it does not run.
+    PERFORM lease._refuse_if_distributed('lease.bind_session');
     PERFORM lease._check_access(q, '{work}');
     SELECT * INTO prior FROM lease.session s WHERE s.queue = q AND s.owner = o FOR UPDATE;
     IF FOUND AND prior.pid = me AND prior.server_start = pg_postmaster_start_time() THEN
@@ -3255,7 +3302,7 @@ session while the old one still runs moves the leases to it; if the old one has 
 Returns false when it ended leases that way, true otherwise. Any role that may work QUEUE may bind any owner
 name in it (as with lease.reclaim_own): owner names are not secrets between a queue's workers. Errors: 22004
 an argument NULL; 22023 owner invalid; 42704 no such queue; 42501 the queue is restricted and the caller may
-not work it.$$;
+not work it; 0A000 on a distributed install (lease.distribute).$$;
 
 CREATE OR REPLACE FUNCTION lease._end_lost_sessions(max_rows integer) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -3301,34 +3348,22 @@ $$;
 COMMENT ON FUNCTION lease._log_reaped(text, bigint, bigint, bigint) IS
     'Internal: logs what lease.sweep recovered in one queue and returns how many rows that was.';
 
-CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
-RETURNS TABLE (recovered bigint, purged bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+CREATE OR REPLACE FUNCTION lease._sweep_all(max_rows integer, t timestamptz,
+                                 OUT recovered bigint, OUT purged bigint, OUT failures text[])
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
-    n constant integer := lease._checked_limit(max_rows);
-    t constant timestamptz := clock_timestamp();
+    n constant integer := max_rows;
     r record;
     q text;
     step record;
     done bigint;
     problem text;
-    failures text[] := '{}';
 BEGIN
     recovered := 0;
     purged := 0;
-    -- One sweep per database at a time, and never a wait for another one:
-    -- a session that left a sweep open in its transaction must not hold up
-    -- the reaper (nor, through it, other databases). The lock is the row of
-    -- sweep_state, which only pg_lease's own functions (and superusers) can
-    -- lock: an advisory lock's key any role could take first.
-    PERFORM FROM lease.sweep_state s FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN NEXT;
-        RETURN;
-    END IF;
+    failures := '{}';
     -- Leases whose session has ended expire first, so that this pass
     -- already recovers them.
     BEGIN
@@ -3378,6 +3413,44 @@ BEGIN
             failures := failures || format('%s: %s: %s', step.name, SQLSTATE, problem);
         END;
     END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._sweep_all(integer, timestamptz) IS
+$$Internal (lease.sweep on a single node): the leases of ended sessions expired, then lease.reap, due
+schedules, lease.purge, concurrency slots, queue heads and counters, MAX_ROWS rows per step, each step in a
+subtransaction of its own (T: when the sweep started); returns the rows recovered and purged and what failed.$$;
+
+CREATE OR REPLACE FUNCTION lease.sweep(max_rows integer DEFAULT 1000)
+RETURNS TABLE (recovered bigint, purged bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n constant integer := lease._checked_limit(max_rows);
+    t constant timestamptz := clock_timestamp();
+    problem text;
+    failures text[];
+BEGIN
+    recovered := 0;
+    purged := 0;
+    -- One sweep per database at a time, and never a wait for another one:
+    -- a session that left a sweep open in its transaction must not hold up
+    -- the reaper (nor, through it, other databases). The lock is the row of
+    -- sweep_state, which only pg_lease's own functions (and superusers) can
+    -- lock: an advisory lock's key any role could take first.
+    PERFORM FROM lease.sweep_state s FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Each node of a distributed install sweeps the queues it holds (citus.sql).
+    IF lease._distributed() THEN
+        SELECT d.recovered, d.purged, d.failures INTO recovered, purged, failures FROM lease._sweep_queues(n) d;
+    ELSE
+        SELECT d.recovered, d.purged, d.failures INTO recovered, purged, failures FROM lease._sweep_all(n, t) d;
+    END IF;
     IF cardinality(failures) > 0 THEN
         -- Keep the reason where operators look (reaper_stats and the log).
         problem := array_to_string(failures, '; ');
@@ -3405,28 +3478,76 @@ so one queue's rows cannot stop the others. Returns (0, 0) at once while another
 lease.sweep_interval; without preloading, call it from any scheduler.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
+CREATE OR REPLACE FUNCTION lease._sweep_queues(max_rows integer, OUT recovered bigint, OUT purged bigint, OUT failures text[])
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Every statement names its queue; planned for it, it runs on that
+-- queue's shard alone (citus.sql).
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    q text;
+    r record;
+    problem text;
+BEGIN
+    recovered := 0;
+    purged := 0;
+    failures := '{}';
+    -- Queue by queue, each in a subtransaction: one that fails stops none of
+    -- the others. No schedules and no bound sessions on a distributed install.
+    FOR q IN SELECT lease._local_queues() LOOP
+        BEGIN
+            FOR r IN SELECT * FROM lease._reap(max_rows, q) LOOP
+                recovered := recovered + lease._log_reaped(r.queue, r.requeued, r.dead, r.cancelled);
+            END LOOP;
+            purged := purged + lease._purge(max_rows, q);
+            PERFORM lease._top_up_slots(q);
+            PERFORM lease._raise_heads(q);
+            PERFORM lease._fold_counters(q);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+            failures := failures || format('queue "%s": %s: %s', q, SQLSTATE, problem);
+        END;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._sweep_queues(integer) IS
+$$Internal (lease.sweep on a distributed install): reaps, purges, tops up the concurrency slots, raises the
+head and folds the counters of each queue this node holds, MAX_ROWS rows per step and queue; returns the
+rows recovered and purged and what failed.$$;
+
 CREATE OR REPLACE FUNCTION lease._next_sweep_due() RETURNS timestamptz
-LANGUAGE sql STABLE
-RETURN least(
-    (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
-    -- Per queue, so that it costs O(queues); either retention bounds it.
-    (SELECT min(f.first + least(q.retention, q.dead_retention))
-       FROM lease.queue q
-       CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
-                             FROM lease.job j
-                            WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
-      WHERE NOT q.attached),
-    (SELECT min(s.next_at) FROM lease.schedule s),
-    -- At most once a second for write-backs: one that stays due while its
-    -- owner's worker runs, waits or finds no worker slot would make every
-    -- pass a sweep of this database.
-    (SELECT greatest(min(w.next_try_at), clock_timestamp() + interval '1 second')
-       FROM lease.write_back w HAVING count(*) > 0),
-    -- Sessions that leases are bound to are looked at on every pass.
-    (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF lease._distributed() THEN
+        -- Every pass: the reads below would ask every node of the cluster.
+        RETURN now();
+    END IF;
+    RETURN least(
+        (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
+        -- Per queue, so that it costs O(queues); either retention bounds it.
+        (SELECT min(f.first + least(q.retention, q.dead_retention))
+           FROM lease.queue q
+           CROSS JOIN LATERAL (SELECT min(j.finished_at) AS first
+                                 FROM lease.job j
+                                WHERE j.queue = q.name AND j.state IN ('done', 'dead', 'cancelled')) AS f
+          WHERE NOT q.attached),
+        (SELECT min(s.next_at) FROM lease.schedule s),
+        -- At most once a second for write-backs: one that stays due while its
+        -- owner's worker runs, waits or finds no worker slot would make every
+        -- pass a sweep of this database.
+        (SELECT greatest(min(w.next_try_at), clock_timestamp() + interval '1 second')
+           FROM lease.write_back w HAVING count(*) > 0),
+        -- Sessions that leases are bound to are looked at on every pass.
+        (SELECT now() WHERE EXISTS (SELECT FROM lease.session)));
+END
+$$;
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; on a distributed install, now (every pass).';
 
 CREATE OR REPLACE FUNCTION lease._sweep_holder(OUT pid integer, OUT since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER
@@ -3712,27 +3833,36 @@ COMMENT ON FUNCTION lease._count_moved(text, lease.job_state, lease.job_state, b
 $$Internal: counts N rows of QUEUE that went from FROM_STATE to TO_STATE (NULL: inserted, or deleted);
 OUTCOME 'retry' counts a return to pending as a retry, OUTCOME 'done' a leased row deleted as done.$$;
 
-CREATE OR REPLACE FUNCTION lease._fold_counters() RETURNS bigint
+CREATE OR REPLACE FUNCTION lease._fold_counters(only_queue text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    folded bigint;
+    folded bigint := 0;
+    r record;
 BEGIN
     -- Rows a backend's open transaction holds are left for the next sweep.
     -- The upsert is lease._count's, for summed rows: _count stays one
-    -- statement on every state change's path.
+    -- statement on every state change's path. One upsert per queue, not an
+    -- INSERT ... SELECT from the DELETE: on a distributed install (citus.sql)
+    -- Citus would run that one through the coordinator.
+    FOR r IN
     WITH gone AS (
         DELETE FROM lease.counter c
-         WHERE (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k
-                                         WHERE k.backend <> 0 FOR UPDATE SKIP LOCKED)
+         WHERE (only_queue IS NULL OR c.queue = only_queue)
+           AND (c.queue, c.backend) IN (SELECT k.queue, k.backend FROM lease.counter k
+                                         WHERE k.backend <> 0 AND (only_queue IS NULL OR k.queue = only_queue)
+                                           FOR UPDATE SKIP LOCKED)
         RETURNING c.*
-    ), sums AS (
+    )
+    SELECT g.queue, count(*) AS n, sum(g.enqueued) AS enqueued, sum(g.claimed) AS claimed, sum(g.done) AS done,
+           sum(g.retried) AS retried, sum(g.died) AS died, sum(g.cancelled) AS cancelled,
+           sum(g.pending) AS pending, sum(g.dead) AS dead
+      FROM gone g
+     GROUP BY g.queue
+    LOOP
         INSERT INTO lease.counter AS c (queue, backend, enqueued, claimed, done, retried, died, cancelled, pending, dead)
-        SELECT g.queue, 0, sum(g.enqueued), sum(g.claimed), sum(g.done), sum(g.retried), sum(g.died),
-               sum(g.cancelled), sum(g.pending), sum(g.dead)
-          FROM gone g
-         GROUP BY g.queue
+        VALUES (r.queue, 0, r.enqueued, r.claimed, r.done, r.retried, r.died, r.cancelled, r.pending, r.dead)
             ON CONFLICT ON CONSTRAINT counter_pkey DO UPDATE
            SET enqueued  = c.enqueued + excluded.enqueued,
                claimed   = c.claimed + excluded.claimed,
@@ -3741,15 +3871,15 @@ BEGIN
                died      = c.died + excluded.died,
                cancelled = c.cancelled + excluded.cancelled,
                pending   = c.pending + excluded.pending,
-               dead      = c.dead + excluded.dead
-    )
-    SELECT count(*) INTO folded FROM gone;
+               dead      = c.dead + excluded.dead;
+        folded := folded + r.n;
+    END LOOP;
     RETURN folded;
 END
 $$;
 
-COMMENT ON FUNCTION lease._fold_counters() IS
-    'Internal: adds the counter rows of every backend into the folded row of their queue (lease.sweep calls it); returns how many rows were folded.';
+COMMENT ON FUNCTION lease._fold_counters(text) IS
+    'Internal: adds the counter rows of every backend into the folded row of their queue (of ONLY_QUEUE, or all) (lease.sweep calls it); returns how many rows were folded.';
 
 CREATE OR REPLACE FUNCTION lease.recount() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -4173,6 +4303,31 @@ $$;
 COMMENT ON FUNCTION lease._refuse_if_distributed(text) IS
 $$Internal: raises 0A000 naming WHAT when this is a distributed install (lease.distribute()).$$;
 
+CREATE FUNCTION lease._local_queues() RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    shard text;
+BEGIN
+    -- Read from this node's shards of lease.queue themselves: a read of
+    -- lease.queue would ask every node, and each node sweeps alone.
+    FOR shard IN EXECUTE
+        $q$SELECT pg_catalog.format('lease.%I', 'queue_' || s.shardid)
+             FROM pg_catalog.pg_dist_shard s
+             JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+            WHERE s.logicalrelid = 'lease.queue'::regclass
+              AND p.groupid = (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l)
+            ORDER BY s.shardid$q$
+    LOOP
+        RETURN QUERY EXECUTE pg_catalog.format('SELECT q.name FROM %s q ORDER BY q.name', shard);
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._local_queues() IS
+$$Internal (lease.sweep on a distributed install): the queues whose shard this node holds.$$;
+
 CREATE FUNCTION lease._assign_id_ranges() RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -4296,7 +4451,8 @@ $$Makes this database's pg_lease a distributed install on Citus (run it once on 
 extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
 by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
 enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, and renew, release
-and their batch forms given their queue are forwarded to the node holding it, one round trip.
+and their batch forms given their queue are forwarded to the node holding it, one round trip. The reaper of
+each node sweeps the queues that node holds.
 SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
 call it again after adding nodes, to give them theirs (it changes nothing else the second time).
 Experimental: docs/operations.md says what a distributed install supports so far.

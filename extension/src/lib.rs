@@ -16,6 +16,7 @@ pub mod epoch;
 pub mod launcher;
 pub mod predicate;
 pub mod reserve;
+pub mod route_guard;
 pub mod settings;
 pub mod shared;
 pub mod statement;
@@ -88,6 +89,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "check",
+        "citus",
         "access",
         "concurrency",
         "head",
@@ -102,6 +104,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "check",
+        "citus",
         "transition",
         "access",
         "concurrency",
@@ -129,7 +132,7 @@ pgrx::extension_sql_file!("../../sql/citus.sql", name = "citus", requires = ["sc
 pgrx::extension_sql_file!(
     "../../sql/fence.sql",
     name = "fence",
-    requires = ["schema", "check", "access", "outcome", "queue"]
+    requires = ["schema", "check", "citus", "access", "outcome", "queue"]
 );
 pgrx::extension_sql_file!(
     "../../sql/named.sql",
@@ -166,12 +169,23 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/session.sql",
     name = "session",
-    requires = ["schema", "check", "access", shared::reaper_touch]
+    requires = ["schema", "check", "access", "citus", shared::reaper_touch]
 );
 pgrx::extension_sql_file!(
     "../../sql/sweep.sql",
     name = "sweep",
-    requires = ["schema", "check", "head", "metrics", "outcome", "reap", "schedule", "session"]
+    requires = [
+        "schema",
+        "check",
+        "head",
+        "metrics",
+        "outcome",
+        "reap",
+        "schedule",
+        "session",
+        "concurrency",
+        "citus"
+    ]
 );
 pgrx::extension_sql_file!(
     "../../sql/views.sql",
@@ -198,6 +212,7 @@ pub extern "C-unwind" fn _PG_init() {
     write_back::init();
     launcher::register();
     reserve::register();
+    route_guard::init();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -343,11 +343,10 @@ async fn a_stopped_node_stops_only_its_own_queues() {
 /// lost, and every claim, heartbeat and release it sends is one forwarded
 /// call to the node holding its queue.
 ///
-/// Broken on purpose: with the release's UPDATE reading clock_timestamp()
-/// (not lease._now()), every retry failed on the node ("must not be
-/// VOLATILE") and the worker lost those leases; with the Rust client not
-/// passing the queue to renew_batch, its heartbeats ran on the coordinator
-/// over every shard (remote commands that are no forwarded call).
+/// Broken on purpose: with lease.release's UPDATE reading clock_timestamp()
+/// (not lease._now()), each retry failed on the node ("functions used in
+/// the WHERE/ON/WHEN clause of modification queries on distributed tables
+/// must not be VOLATILE") and the queues never drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
 async fn a_worker_runs_unchanged_on_a_distributed_install() {
@@ -462,5 +461,194 @@ async fn a_worker_runs_unchanged_on_a_distributed_install() {
     assert!(
         seen.contains("lease.renew_batch(") && seen.contains("lease.release_and_claim("),
         "heartbeats and refills went out: {seen:?}"
+    );
+}
+
+/// Each worker node's reaper recovers the expired leases of the queues that
+/// node holds while the coordinator is down, and a client of that node
+/// claims them again there: recovery needs no coordinator. Every row comes
+/// back once, under a greater epoch, and no node's sweep records a failure.
+///
+/// Broken on purpose: with lease.sweep running its single-node steps on a
+/// distributed install, every node's sweep failed in part (bound sessions,
+/// purge, concurrency slots: 0A000, Citus cannot run them over every
+/// shard); its fallback reaped queue by queue, other nodes' queues too.
+#[tokio::test]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn each_node_reaps_its_own_queues_without_the_coordinator() {
+    let citus = CitusCluster::start(2, Duration::from_millis(200));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute("SELECT lease.distribute()")
+        .await
+        .expect("distribute");
+    let client = Client::connect(&citus.coordinator.conn_string(TEST_DB))
+        .await
+        .expect("client");
+    let options = QueueOptions {
+        backoff_base: Duration::ZERO,
+        backoff_max: Duration::ZERO,
+        ..QueueOptions::default()
+    };
+    let mut held: BTreeMap<String, BTreeMap<i64, i64>> = BTreeMap::new();
+    let mut port_of = BTreeMap::new();
+    for q in (0..6).map(|i| format!("r{i}")) {
+        client
+            .create_queue(&q, &options)
+            .await
+            .expect("create_queue");
+        for i in 0..5 {
+            client
+                .enqueue(&q, &serde_json::json!({ "i": i }))
+                .await
+                .expect("enqueue");
+        }
+        let rows = client
+            .claim(10, Duration::from_secs(1), "gone", &q)
+            .await
+            .expect("claim");
+        assert_eq!(rows.len(), 5, "{q}");
+        held.insert(
+            q.clone(),
+            rows.iter()
+                .map(|c| (c.lease.id(), c.lease.epoch()))
+                .collect(),
+        );
+        port_of.insert(q.clone(), citus.node_of(&su, &q).await.port());
+    }
+    let nodes: HashSet<u16> = port_of.values().copied().collect();
+    assert_eq!(nodes.len(), 2, "6 queues on both nodes: {port_of:?}");
+    drop((client, su));
+    citus.coordinator.crash();
+
+    for node in &citus.workers {
+        let pg = node.connect().await;
+        for (q, old) in held.iter().filter(|(q, _)| port_of[*q] == node.port()) {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut again = BTreeMap::new();
+            while again.len() < old.len() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{q}: back so far {again:?} of {old:?}"
+                );
+                for row in pg
+                    .query(
+                        "SELECT id, epoch FROM lease.claim_pending(10, '1 min', 'heir', $1)",
+                        &[q],
+                    )
+                    .await
+                    .expect("claim on the queue's node")
+                {
+                    let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
+                    assert!(again.insert(id, epoch).is_none(), "{q}: row {id} twice");
+                    assert!(
+                        epoch > old[&id],
+                        "{q}: row {id} epoch {epoch} after {}",
+                        old[&id]
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(
+                again.keys().collect::<Vec<_>>(),
+                old.keys().collect::<Vec<_>>(),
+                "{q}"
+            );
+        }
+        let errors: Option<String> = scalar(&pg, "SELECT last_error FROM lease.sweep_state").await;
+        assert_eq!(errors, None, "node {}", node.port());
+        let sweeps: i64 = scalar(&pg, "SELECT sweeps FROM lease.sweep_state").await;
+        assert!(sweeps > 0, "node {}", node.port());
+    }
+}
+
+/// On a distributed install a call whose queue is NULL cannot be routed:
+/// every forwarded function called so by a lease_worker (the queue written
+/// NULL, bound NULL, or left to its NULL default) answers 22004, and fence,
+/// fenced_update and cancel, which take only a row's id, answer 0A000;
+/// nothing changes and the coordinator stays up.
+///
+/// Fails on the code before the refusals: Citus hashes the routing argument
+/// while planning the call, and `lease.renew($1, 'o', $2, '1 min')` (queue
+/// left to its default) crashed the coordinator with signal 11, as did
+/// every forwarded function given a NULL queue.
+#[tokio::test]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn calls_that_name_no_queue_are_refused_and_nothing_crashes() {
+    let citus = CitusCluster::start(2, Duration::from_millis(200));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute("SELECT lease.distribute()")
+        .await
+        .expect("distribute");
+    login_role(&su, "app", "lease_worker").await;
+    let client = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "app"))
+        .await
+        .expect("app");
+    client
+        .enqueue("default", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
+    let claimed = client
+        .claim(1, Duration::from_secs(60), "o", "default")
+        .await
+        .expect("claim");
+    let (id, epoch) = (claimed[0].lease.id(), claimed[0].lease.epoch());
+    let app = citus.coordinator.connect_to(TEST_DB, "app").await;
+    let null_queue: Option<&str> = None;
+    let calls = [
+        ("SELECT lease.renew($1, 'o', $2, '1 min')", "22004"),
+        ("SELECT lease.renew($1, 'o', $2, '1 min', $3)", "22004"),
+        ("SELECT * FROM lease.renew_batch(ARRAY[$1::bigint], 'o', ARRAY[$2::bigint], '1 min')", "22004"),
+        ("SELECT lease.release($1, 'o', $2, 'retry', queue => $3)", "22004"),
+        ("SELECT * FROM lease.release_batch(ARRAY[$1::bigint], 'o', ARRAY[$2::bigint], 'fail')", "22004"),
+        ("SELECT * FROM lease.release_and_claim(ARRAY[$1::bigint], 'o', ARRAY[$2::bigint], 1, '1 min', $3)", "22004"),
+        ("SELECT * FROM lease.claim_pending(1, '1 min', 'o', $1)", "22004"),
+        ("SELECT * FROM lease.reclaim_own(1, '1 min', 'o', NULL)", "22004"),
+        ("SELECT lease.enqueue($1, '{}')", "22004"),
+        ("SELECT * FROM lease.enqueue_batch(NULL, ARRAY['{}'::jsonb])", "22004"),
+        ("SELECT lease.ready_channel($1)", "22004"),
+        ("SELECT lease.fence($1, $2)", "0A000"),
+        ("SELECT lease.fenced_update($1, $2, '{}')", "0A000"),
+        ("SELECT lease.cancel($1::bigint + $2::bigint - $2::bigint)", "0A000"),
+    ];
+    for (call, code) in calls {
+        let statement = app.prepare(call).await.expect("prepare");
+        // (id, epoch, queue), or the queue alone.
+        let all: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&id, &epoch, &null_queue];
+        let params = match statement.params().len() {
+            1 => &all[2..],
+            n => &all[..n],
+        };
+        let err = app
+            .query(&statement, params)
+            .await
+            .expect_err("no queue to route by");
+        assert_eq!(sqlstate(&err).as_deref(), Some(code), "{call}: {err}");
+    }
+    let err = su
+        .batch_execute("SELECT lease.create_queue(NULL)")
+        .await
+        .expect_err("no queue to route by");
+    assert_eq!(sqlstate(&err).as_deref(), Some("22004"), "{err}");
+    let (state, now_epoch): (String, i64) = {
+        let row = su
+            .query_one(
+                "SELECT state::text, epoch FROM lease.job WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .expect("the row");
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        (state.as_str(), now_epoch),
+        ("leased", epoch),
+        "nothing changed"
+    );
+    assert!(
+        !citus
+            .coordinator
+            .server_log()
+            .contains("terminated by signal"),
+        "the coordinator crashed"
     );
 }
