@@ -67,3 +67,10 @@ impl Cpu {
         }
     }
 }
+
+/// The parent of process `pid` (a backend's: its postmaster).
+pub fn parent_of(pid: u32) -> Result<u32, String> {
+    stat(&pid.to_string())
+        .map(|(ppid, _, _)| ppid)
+        .ok_or_else(|| format!("no parent pid in /proc/{pid}/stat"))
+}

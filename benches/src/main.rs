@@ -7,8 +7,8 @@
 //! with per-key concurrency, enqueue, renew
 //! and its HOT share, the Rust client, its `Worker` (beside the
 //! hand-written SQL on the same rows), claim latency vs
-//! backlog, the cost of a metrics poll, a pinned xmin, sustained churn, a concurrency sweep, and
-//! instructions per job counted by callgrind. Prints
+//! backlog, the cost of a metrics poll, a pinned xmin, sustained churn, a concurrency sweep,
+//! instructions per job counted by callgrind, and drains on Citus (clusters of their own). Prints
 //! a Markdown report and writes it, with a plot, to `benches/results/`
 //! (`benches/results/smoke/` with `--smoke`).
 //!
@@ -16,13 +16,14 @@
 //! bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
 //! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, dashboard, pinned, churn, reaper, sweep,
-//!           instructions
+//!           instructions, citus
 //! ```
 //!
 //! The extension must be installed into the PostgreSQL 15 that
 //! `pg_tests::pg_bin_dir()` points at (`bin/bench` does that first).
 
 mod churn;
+mod citus;
 mod cpu;
 mod dashboard;
 mod instructions;
@@ -59,6 +60,7 @@ const SECTIONS: &[&str] = &[
     "reaper",
     "sweep",
     "instructions",
+    "citus",
 ];
 
 struct Args {
@@ -220,6 +222,7 @@ fn run() -> Res<()> {
                 "reaper" => bench.reaper(&mut results).await?,
                 "sweep" => bench.sweep(&mut results).await?,
                 "instructions" => bench.instructions(&mut results).await?,
+                "citus" => citus::citus(&bench.size, &mut results).await?,
                 _ => {}
             }
             eprintln!(

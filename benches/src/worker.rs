@@ -199,13 +199,7 @@ impl Bench {
 
     pub(crate) async fn postmaster(&self) -> Res<u32> {
         let pid = self.scalar_i64("SELECT pg_backend_pid()::bigint").await?;
-        let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
-        text.rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse().ok())
-            .ok_or_else(|| format!("no parent pid in /proc/{pid}/stat"))
+        crate::cpu::parent_of(u32::try_from(pid).map_err(|e| e.to_string())?)
     }
 
     /// CPU used since `before`, read once the drain's sessions have ended

@@ -814,13 +814,16 @@ COMMENT ON FUNCTION lease._retry_at(timestamptz, integer, interval, interval, te
 
 -- The database clock, read where the statement reads it: per row, after
 -- any wait for the row's lock, so a renewal or release that waited past the
--- expiry finds the lease lost. clock_timestamp() itself, declared STABLE:
--- Citus refuses a VOLATILE function in an UPDATE or DELETE of a distributed
--- table, and evaluates a STABLE one once, when the statement starts
--- (docs/operations.md, "Outgrowing one PostgreSQL: Citus").
+-- expiry finds the lease lost. clock_timestamp(), declared STABLE: Citus
+-- refuses a VOLATILE function in an UPDATE or DELETE of a distributed table,
+-- and evaluates a STABLE one once, when the statement starts
+-- (docs/operations.md, "Outgrowing one PostgreSQL: Citus"). SQL, not an
+-- alias of the C function: the install without the library is run by a
+-- database owner, who may not use LANGUAGE internal. A STABLE function with
+-- a VOLATILE body is never inlined, so it is called per row.
 CREATE OR REPLACE FUNCTION lease._now() RETURNS timestamptz
-LANGUAGE internal STABLE PARALLEL SAFE
-AS 'clock_timestamp';
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN pg_catalog.clock_timestamp();
 
 COMMENT ON FUNCTION lease._now() IS
     'Internal: clock_timestamp(), declared STABLE so that statements on a distributed install may read it.';

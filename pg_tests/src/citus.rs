@@ -39,6 +39,12 @@ impl CitusCluster {
     /// reaper sweeping every `sweep_interval`. Panics with a clear message
     /// if Citus is missing ([`citus_available`]) or a step fails.
     pub fn start(workers: usize, sweep_interval: Duration) -> CitusCluster {
+        CitusCluster::start_with(workers, sweep_interval, &[])
+    }
+
+    /// [`CitusCluster::start`] with `settings` appended to every node's
+    /// `postgresql.conf` (a benchmark's, say).
+    pub fn start_with(workers: usize, sweep_interval: Duration, settings: &[&str]) -> CitusCluster {
         assert!(
             citus_available(),
             "pg_tests: Citus is not installed for this PostgreSQL (bin/prereqs builds it for \
@@ -50,7 +56,10 @@ impl CitusCluster {
                 format!("lease.sweep_interval = '{}ms'", sweep_interval.as_millis()),
                 // Citus commits a change of several nodes in two phases.
                 "max_prepared_transactions = 100".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(settings.iter().map(|s| (*s).to_owned()))
+            .collect(),
             create_extension: false,
             sweep_every: None,
         };
@@ -97,4 +106,33 @@ impl CitusCluster {
             .find(|w| i32::from(w.port()) == port)
             .unwrap_or_else(|| panic!("no worker node on port {port}"))
     }
+}
+
+/// A role `name` that logs in and is a member of `group`.
+pub async fn login_role(su: &tokio_postgres::Client, name: &str, group: &str) {
+    su.batch_execute(&format!("CREATE ROLE {name} LOGIN IN ROLE {group}"))
+        .await
+        .expect("create role");
+}
+
+/// The remote commands the coordinator logged (`citus.log_remote_commands`,
+/// at NOTICE):
+/// each command with the port of the node it went to.
+pub fn remote_commands(coordinator: &Cluster) -> Vec<(String, u16)> {
+    let log = coordinator.server_log();
+    let mut lines = log.lines().peekable();
+    let mut out = Vec::new();
+    while let Some(line) = lines.next() {
+        let Some((_, command)) = line.split_once("NOTICE:  issuing ") else {
+            continue;
+        };
+        let port = lines
+            .peek()
+            .and_then(|detail| detail.rsplit_once("@127.0.0.1:"))
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no node after {line:?}"));
+        out.push((command.to_owned(), port));
+    }
+    out
 }

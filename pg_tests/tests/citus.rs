@@ -1,18 +1,18 @@
 // pg_tests: library only: Citus preloads beside the library on every node.
 //! pg_lease on Citus (`lease.distribute()`, sql/citus.sql): each queue lives
-//! on one worker node, and the calls that take a queue (create_queue,
-//! enqueue, claim_pending) are forwarded whole to that node, one round trip,
-//! as the Rust client sends them.
+//! on one worker node, and the calls that take a queue are forwarded whole to
+//! that node, one round trip, as the Rust client and its `Worker` send them.
+//! Faults (a node stopped, the coordinator down) are in `citus_faults.rs`.
 //!
 //! The tests on a Citus cluster are ignored by default: `bin/test` runs
 //! them where `bin/prereqs` could build Citus (PostgreSQL 15) and reports
 //! them SKIPPED elsewhere.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pg_lease_client::{Client, Outcome, QueueOptions, Worker, WorkerConfig};
-use pg_tests::citus::CitusCluster;
+use pg_tests::citus::{login_role, remote_commands, CitusCluster};
 use pg_tests::workers::{spawn, stop};
 use pg_tests::{eventually, scalar, sqlstate, Cluster, TEST_DB};
 
@@ -23,13 +23,6 @@ async fn job_distributed(client: &tokio_postgres::Client) -> bool {
         "SELECT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'lease.job'::regclass)",
     )
     .await
-}
-
-/// A role `name` that logs in and is a member of `group`.
-async fn login_role(su: &tokio_postgres::Client, name: &str, group: &str) {
-    su.batch_execute(&format!("CREATE ROLE {name} LOGIN IN ROLE {group}"))
-        .await
-        .expect("create role");
 }
 
 /// Without Citus the call is refused and nothing changes.
@@ -48,28 +41,6 @@ async fn distribute_without_citus_is_refused_and_changes_nothing() {
     )
     .await;
     assert_eq!(key, "PRIMARY KEY (id)");
-}
-
-/// The remote commands the coordinator logged (`citus.log_remote_commands`,
-/// at NOTICE):
-/// each command with the port of the node it went to.
-fn remote_commands(coordinator: &Cluster) -> Vec<(String, u16)> {
-    let log = coordinator.server_log();
-    let mut lines = log.lines().peekable();
-    let mut out = Vec::new();
-    while let Some(line) = lines.next() {
-        let Some((_, command)) = line.split_once("NOTICE:  issuing ") else {
-            continue;
-        };
-        let port = lines
-            .peek()
-            .and_then(|detail| detail.rsplit_once("@127.0.0.1:"))
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .and_then(|port| port.parse().ok())
-            .unwrap_or_else(|| panic!("no node after {line:?}"));
-        out.push((command.to_owned(), port));
-    }
-    out
 }
 
 /// Roles of the application may not distribute; the owner does, once, and
@@ -241,102 +212,6 @@ async fn each_queue_lives_on_one_node_and_its_calls_go_there_whole() {
     assert_eq!(commands.len(), calls, "one command per call");
 }
 
-/// A worker node stops: the queues of the other node go on, a call for a
-/// queue of the stopped node fails at once with an error, and when the node
-/// is back its rows are all there, each handed out once.
-///
-/// Broken on purpose: with the claim's UPDATE not naming its queue (sent
-/// to every shard), claims of the live node's queues failed too.
-#[tokio::test]
-#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
-async fn a_stopped_node_stops_only_its_own_queues() {
-    let citus = CitusCluster::start(2, Duration::from_millis(200));
-    let su = citus.coordinator.connect().await;
-    su.batch_execute("SELECT lease.distribute()")
-        .await
-        .expect("distribute");
-    let client = Client::connect(&citus.coordinator.conn_string(TEST_DB))
-        .await
-        .expect("client");
-    let queues: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
-    let mut on: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
-    for q in &queues {
-        client
-            .create_queue(q, &QueueOptions::default())
-            .await
-            .expect("create_queue");
-        for i in 0..10 {
-            client
-                .enqueue(q, &serde_json::json!({ "i": i }))
-                .await
-                .expect("enqueue");
-        }
-        on.entry(citus.node_of(&su, q).await.port())
-            .or_default()
-            .push(q);
-    }
-    let stopped = &citus.workers[1];
-    let (Some(down), Some(up)) = (on.get(&stopped.port()), on.get(&citus.workers[0].port())) else {
-        panic!("8 queues on one node only: {on:?}");
-    };
-    let mut seen = HashSet::new();
-    let mut claim_all = |rows: Vec<pg_lease_client::Claimed>| {
-        for c in rows {
-            assert!(
-                seen.insert(c.lease.id()),
-                "row {} handed out twice",
-                c.lease.id()
-            );
-        }
-    };
-
-    stopped.crash();
-    for q in up {
-        let started = Instant::now();
-        client
-            .enqueue(q, &serde_json::json!({ "i": 10 }))
-            .await
-            .expect("enqueue on the live node");
-        let rows = client
-            .claim(100, Duration::from_secs(60), "w", q)
-            .await
-            .expect("claim on the live node");
-        assert_eq!(rows.len(), 11, "{q}");
-        claim_all(rows);
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{q}: {:?}",
-            started.elapsed()
-        );
-    }
-    for q in down {
-        let started = Instant::now();
-        let err = client
-            .claim(100, Duration::from_secs(60), "w", q)
-            .await
-            .expect_err("its node is down");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{q}: {:?}",
-            started.elapsed()
-        );
-        // Citus's "connection to the remote node ... failed": a transient
-        // error, which a Worker retries.
-        assert_eq!(err.sqlstate(), Some("08006"), "{err}");
-        assert!(err.is_transient(), "{err}");
-    }
-
-    stopped.restart_immediate();
-    for q in down {
-        let rows = client
-            .claim(100, Duration::from_secs(60), "w", q)
-            .await
-            .expect("claim once the node is back");
-        assert_eq!(rows.len(), 10, "{q}: every row of the stopped node, once");
-        claim_all(rows);
-    }
-}
-
 /// A `Worker` with the library's defaults (a short ttl so that it renews)
 /// runs two queues of a distributed install through the coordinator: every
 /// job is done, retried or dead-lettered as its handler says, no lease is
@@ -462,103 +337,6 @@ async fn a_worker_runs_unchanged_on_a_distributed_install() {
         seen.contains("lease.renew_batch(") && seen.contains("lease.release_and_claim("),
         "heartbeats and refills went out: {seen:?}"
     );
-}
-
-/// Each worker node's reaper recovers the expired leases of the queues that
-/// node holds while the coordinator is down, and a client of that node
-/// claims them again there: recovery needs no coordinator. Every row comes
-/// back once, under a greater epoch, and no node's sweep records a failure.
-///
-/// Broken on purpose: with lease.sweep running its single-node steps on a
-/// distributed install, every node's sweep failed in part (bound sessions,
-/// purge, concurrency slots: 0A000, Citus cannot run them over every
-/// shard); its fallback reaped queue by queue, other nodes' queues too.
-#[tokio::test]
-#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
-async fn each_node_reaps_its_own_queues_without_the_coordinator() {
-    let citus = CitusCluster::start(2, Duration::from_millis(200));
-    let su = citus.coordinator.connect().await;
-    su.batch_execute("SELECT lease.distribute()")
-        .await
-        .expect("distribute");
-    let client = Client::connect(&citus.coordinator.conn_string(TEST_DB))
-        .await
-        .expect("client");
-    let options = QueueOptions {
-        backoff_base: Duration::ZERO,
-        backoff_max: Duration::ZERO,
-        ..QueueOptions::default()
-    };
-    let mut held: BTreeMap<String, BTreeMap<i64, i64>> = BTreeMap::new();
-    let mut port_of = BTreeMap::new();
-    for q in (0..6).map(|i| format!("r{i}")) {
-        client
-            .create_queue(&q, &options)
-            .await
-            .expect("create_queue");
-        for i in 0..5 {
-            client
-                .enqueue(&q, &serde_json::json!({ "i": i }))
-                .await
-                .expect("enqueue");
-        }
-        let rows = client
-            .claim(10, Duration::from_secs(1), "gone", &q)
-            .await
-            .expect("claim");
-        assert_eq!(rows.len(), 5, "{q}");
-        held.insert(
-            q.clone(),
-            rows.iter()
-                .map(|c| (c.lease.id(), c.lease.epoch()))
-                .collect(),
-        );
-        port_of.insert(q.clone(), citus.node_of(&su, &q).await.port());
-    }
-    let nodes: HashSet<u16> = port_of.values().copied().collect();
-    assert_eq!(nodes.len(), 2, "6 queues on both nodes: {port_of:?}");
-    drop((client, su));
-    citus.coordinator.crash();
-
-    for node in &citus.workers {
-        let pg = node.connect().await;
-        for (q, old) in held.iter().filter(|(q, _)| port_of[*q] == node.port()) {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut again = BTreeMap::new();
-            while again.len() < old.len() {
-                assert!(
-                    Instant::now() < deadline,
-                    "{q}: back so far {again:?} of {old:?}"
-                );
-                for row in pg
-                    .query(
-                        "SELECT id, epoch FROM lease.claim_pending(10, '1 min', 'heir', $1)",
-                        &[q],
-                    )
-                    .await
-                    .expect("claim on the queue's node")
-                {
-                    let (id, epoch): (i64, i64) = (row.get(0), row.get(1));
-                    assert!(again.insert(id, epoch).is_none(), "{q}: row {id} twice");
-                    assert!(
-                        epoch > old[&id],
-                        "{q}: row {id} epoch {epoch} after {}",
-                        old[&id]
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            assert_eq!(
-                again.keys().collect::<Vec<_>>(),
-                old.keys().collect::<Vec<_>>(),
-                "{q}"
-            );
-        }
-        let errors: Option<String> = scalar(&pg, "SELECT last_error FROM lease.sweep_state").await;
-        assert_eq!(errors, None, "node {}", node.port());
-        let sweeps: i64 = scalar(&pg, "SELECT sweeps FROM lease.sweep_state").await;
-        assert!(sweeps > 0, "node {}", node.port());
-    }
 }
 
 /// On a distributed install a call whose queue is NULL cannot be routed:
