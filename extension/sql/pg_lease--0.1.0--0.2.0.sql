@@ -3525,8 +3525,10 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF lease._distributed() THEN
-        -- Every pass: the reads below would ask every node of the cluster.
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        -- Where Citus is, every pass: on a distributed install the reads
+        -- below would ask every node, and a worker node learns that it is
+        -- one (lease.distribute) only from DDL, which marks nothing due.
         RETURN now();
     END IF;
     RETURN least(
@@ -3550,7 +3552,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; on a distributed install, now (every pass).';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; where Citus is installed, now (every pass).';
 
 CREATE OR REPLACE FUNCTION lease._sweep_holder(OUT pid integer, OUT since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER

@@ -1,7 +1,7 @@
 // pg_tests: library only: Citus preloads beside the library on every node.
-//! pg_lease on Citus when nodes fail: a stopped worker node stops only its
-//! own queues, and each node's reaper recovers its queues' leases without
-//! the coordinator.
+//! pg_lease on Citus when nodes fail or move: a stopped worker node stops
+//! only its own queues, each node's reaper recovers its queues' leases
+//! without the coordinator, and a shard move keeps every lease.
 //!
 //! The tests on a Citus cluster are ignored by default: `bin/test` runs
 //! them where `bin/prereqs` could build Citus (PostgreSQL 15) and reports
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use pg_lease_client::{Client, QueueOptions};
 use pg_tests::citus::CitusCluster;
-use pg_tests::{scalar, TEST_DB};
+use pg_tests::{scalar, Cluster, TEST_DB};
 
 /// A worker node stops: the queues of the other node go on, a call for a
 /// queue of the stopped node fails at once with an error, and when the node
@@ -205,4 +205,124 @@ async fn each_node_reaps_its_own_queues_without_the_coordinator() {
         let sweeps: i64 = scalar(&pg, "SELECT sweeps FROM lease.sweep_state").await;
         assert!(sweeps > 0, "node {}", node.port());
     }
+}
+
+/// A queue's shards move to the other worker node (the rebalancer's step)
+/// while leases of the queue are held: the holder renews and releases them
+/// through the coordinator at the new node under the same tokens, the
+/// leases that expired meanwhile are recovered there by that node's reaper
+/// under new epochs, and no row is lost or handed out twice.
+///
+/// Failed first: the nodes' reapers had swept once, before
+/// `lease.distribute()`, found nothing due and never swept again (forwarded
+/// calls mark nothing due on the node), so the expired leases never came
+/// back; `_next_sweep_due` now answers "now" wherever Citus is installed.
+#[tokio::test]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn a_shard_move_keeps_every_lease_and_its_fencing() {
+    let citus = CitusCluster::start(2, Duration::from_millis(200));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute("SELECT lease.distribute()")
+        .await
+        .expect("distribute");
+    let client = Client::connect(&citus.coordinator.conn_string(TEST_DB))
+        .await
+        .expect("client");
+    let options = QueueOptions {
+        backoff_base: Duration::ZERO,
+        backoff_max: Duration::ZERO,
+        ..QueueOptions::default()
+    };
+    client
+        .create_queue("m", &options)
+        .await
+        .expect("create_queue");
+    for i in 0..10 {
+        client
+            .enqueue("m", &serde_json::json!({ "i": i }))
+            .await
+            .expect("enqueue");
+    }
+    let held = client
+        .claim(5, Duration::from_secs(120), "holder", "m")
+        .await
+        .expect("claim");
+    let gone = client
+        .claim(5, Duration::from_secs(1), "gone", "m")
+        .await
+        .expect("claim");
+    assert_eq!((held.len(), gone.len()), (5, 5));
+
+    let from = citus.node_of(&su, "m").await.port();
+    let to = citus
+        .workers
+        .iter()
+        .map(Cluster::port)
+        .find(|p| *p != from)
+        .expect("another worker node");
+    su.execute(
+        "SELECT citus_move_shard_placement(
+                    get_shard_id_for_distribution_column('lease.job', 'm'),
+                    '127.0.0.1', $1, '127.0.0.1', $2, shard_transfer_mode => 'block_writes')",
+        &[&i32::from(from), &i32::from(to)],
+    )
+    .await
+    .expect("move the queue's shards");
+    assert_eq!(citus.node_of(&su, "m").await.port(), to, "moved");
+
+    let tokens: Vec<_> = held.iter().map(|c| c.lease.token()).collect();
+    let renewed = client
+        .renew_batch("holder", &tokens, "m", Duration::from_secs(120))
+        .await
+        .expect("renew after the move");
+    assert!(renewed.iter().all(|r| r.held), "{renewed:?}");
+
+    let old: BTreeMap<i64, i64> = gone
+        .iter()
+        .map(|c| (c.lease.id(), c.lease.epoch()))
+        .collect();
+    let mut again = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while again.len() < old.len() {
+        assert!(
+            Instant::now() < deadline,
+            "back so far {again:?} of {old:?}"
+        );
+        for c in client
+            .claim(10, Duration::from_secs(120), "heir", "m")
+            .await
+            .expect("claim after the move")
+        {
+            let (id, epoch) = (c.lease.id(), c.lease.epoch());
+            assert!(old.contains_key(&id), "row {id} was not expired");
+            assert!(
+                epoch > old[&id],
+                "row {id}: epoch {epoch} after {}",
+                old[&id]
+            );
+            assert!(again.insert(id, epoch).is_none(), "row {id} twice");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let released = client
+        .release_batch("holder", &tokens, "m", &pg_lease_client::Outcome::Done)
+        .await
+        .expect("release after the move");
+    assert_eq!(released, [true; 5]);
+    let stale = client
+        .renew_batch(
+            "gone",
+            &gone.iter().map(|c| c.lease.token()).collect::<Vec<_>>(),
+            "m",
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("renew of the expired leases");
+    assert!(stale.iter().all(|r| !r.held), "fenced: {stale:?}");
+    let left: i64 = scalar(
+        &su,
+        "SELECT count(*) FROM lease.job WHERE queue = 'm' AND state = 'leased'",
+    )
+    .await;
+    assert_eq!(left, 5, "the heir's five leases, nothing else");
 }
