@@ -249,9 +249,10 @@ async fn a_heartbeat_and_a_consumer_never_deadlock() {
             .await
             .expect("ack b");
         // ...while the heartbeat renews both, in id order...
+        let hb = cluster.connect().await;
+        let hb_pid: i32 = scalar(&hb, "SELECT pg_backend_pid()").await;
         let renew = {
             let (ids, epochs) = (ids.clone(), epochs.clone());
-            let hb = cluster.connect().await;
             tokio::spawn(async move {
                 hb.query(
                     "SELECT held FROM lease.renew_batch($1, 'w', $2, '1 minute')",
@@ -260,6 +261,21 @@ async fn a_heartbeat_and_a_consumer_never_deadlock() {
                 .await
             })
         };
+        // Until the heartbeat's statement runs (or ran): on a loaded machine
+        // a fixed pause let the consumer commit first, and both leases were
+        // simply gone.
+        while !renew.is_finished()
+            && !scalar::<bool>(
+                &setup,
+                &format!(
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = {hb_pid} \
+                      AND state = 'active' AND query LIKE '%renew_batch%')"
+                ),
+            )
+            .await
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
         // ...and then the first.
         let acked = consumer
