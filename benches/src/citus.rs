@@ -7,7 +7,7 @@
 //! * sixteen queues, one `Worker` each, spread over two worker nodes and
 //!   held by one.
 //!
-//! Every node (and the plain one) has the same settings, [`SETTINGS`]; the
+//! Every node (and the plain one) has the same settings, [`settings`]; the
 //! CPU time each node's processes used says what bounds a drain on this
 //! machine, whose cores all of them share.
 
@@ -24,18 +24,17 @@ use crate::report::{rate, ratio, Results, Table};
 use crate::scenarios::{connect, Res, Size};
 
 /// The settings of every node of this section: the benchmark's, with less
-/// shared memory (four servers share the machine) and no preload line (the
-/// Citus nodes preload `citus,pg_lease`, the plain node `pg_lease`).
-const SETTINGS: &[&str] = &[
-    "shared_buffers = 256MB",
-    "max_connections = 200",
-    "fsync = on",
-    "synchronous_commit = on",
-    "full_page_writes = on",
-    "checkpoint_timeout = 15min",
-    "max_wal_size = 4GB",
-    "autovacuum = on",
-];
+/// shared memory (four servers share the machine) and without its preload
+/// line (the Citus nodes preload `citus,pg_lease`, the plain node
+/// `pg_lease`).
+fn settings() -> Vec<String> {
+    pg_lease_benches::SETTINGS
+        .iter()
+        .filter(|s| !s.starts_with("shared_buffers") && !s.starts_with("shared_preload_libraries"))
+        .map(|s| (*s).to_owned())
+        .chain(["shared_buffers = 256MB".to_owned()])
+        .collect()
+}
 
 /// Queues of the spread-out drain.
 const QUEUES: usize = 16;
@@ -87,9 +86,8 @@ pub async fn citus(size: &Size, out: &mut Results) -> Res<()> {
     let rows = size.worker_rows / 10;
 
     let plain = Cluster::start_with(ClusterConfig {
-        extra_conf: SETTINGS
-            .iter()
-            .map(|s| (*s).to_owned())
+        extra_conf: settings()
+            .into_iter()
             .chain(["shared_preload_libraries = 'pg_lease'".to_owned()])
             .collect(),
         create_extension: true,
@@ -137,11 +135,13 @@ pub async fn citus(size: &Size, out: &mut Results) -> Res<()> {
 }
 
 /// Drains `queues` (`rows` over them) on a new distributed install of a
-/// coordinator and `workers` worker nodes with [`SETTINGS`], through the
+/// coordinator and `workers` worker nodes with [`settings`], through the
 /// coordinator: each drain on a cluster of its own, so that none finds
 /// another's dead rows.
 async fn on_citus(workers: usize, queues: &[&str], rows: u64) -> Res<Drained> {
-    let citus = CitusCluster::start_with(workers, Duration::from_secs(1), SETTINGS);
+    let settings = settings();
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let citus = CitusCluster::start_with(workers, Duration::from_secs(1), &settings);
     let coordinator = citus.coordinator.conn_string(TEST_DB);
     connect(&coordinator)
         .await?
