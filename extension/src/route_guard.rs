@@ -103,13 +103,15 @@ unsafe fn refuse_null_route(call: *mut pg_sys::FuncExpr, params: pg_sys::ParamLi
     // SAFETY: the caller passes a FuncExpr of the Query being planned; the
     // syscache tuple is released before anything can raise.
     unsafe {
+        // Where Citus is not, one syscache lookup and done: this runs for
+        // every statement of that shape, claims included.
+        if !citus_here() {
+            return;
+        }
         let oid = (*call).funcid;
         let Some((function, argument)) = routed(oid) else {
             return;
         };
-        if !citus_here() {
-            return;
-        }
         let tuple = pg_sys::SearchSysCache1(
             pg_sys::SysCacheIdentifier::PROCOID as c_int,
             pg_sys::Datum::from(oid),

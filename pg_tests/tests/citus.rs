@@ -340,8 +340,9 @@ async fn a_worker_runs_unchanged_on_a_distributed_install() {
 }
 
 /// On a distributed install a call whose queue is NULL cannot be routed:
-/// every forwarded function called so by a lease_worker (the queue written
-/// NULL, bound NULL, or left to its NULL default) answers 22004, and fence,
+/// every forwarded function called so by a lease_worker (create_queue by a
+/// lease_admin; the queue written NULL, bound NULL, or left to its NULL
+/// default) answers 22004, and fence,
 /// fenced_update and cancel, which take only a row's id, answer 0A000;
 /// nothing changes and the coordinator stays up.
 ///
@@ -402,7 +403,10 @@ async fn calls_that_name_no_queue_are_refused_and_nothing_crashes() {
             .expect_err("no queue to route by");
         assert_eq!(sqlstate(&err).as_deref(), Some(code), "{call}: {err}");
     }
-    let err = su
+    // create_queue is the operators': attacked by one.
+    login_role(&su, "ops", "lease_admin").await;
+    let ops = citus.coordinator.connect_to(TEST_DB, "ops").await;
+    let err = ops
         .batch_execute("SELECT lease.create_queue(NULL)")
         .await
         .expect_err("no queue to route by");
