@@ -186,7 +186,10 @@ BEGIN
             ('lease.renew(bigint, text, bigint, interval, text)', 'queue'),
             ('lease.renew_batch(bigint[], text, bigint[], interval, text)', 'queue'),
             ('lease.release(bigint, text, bigint, text, timestamptz, text, text)', 'queue'),
-            ('lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text)', 'queue')) AS v(f, arg) LOOP
+            ('lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text)', 'queue'),
+            ('lease.fenced_update(bigint, bigint, jsonb, text)', 'queue'),
+            ('lease.cancel(bigint, text)', 'queue'),
+            ('lease.cancel_key(text, text)', 'queue')) AS v(f, arg) LOOP
         PERFORM create_distributed_function(f::regprocedure, arg, colocate_with := 'lease.queue');
         -- Citus cannot route every statement of a generic plan, whose queue
         -- is a parameter: plan each statement of a forwarded call, and of
@@ -202,8 +205,10 @@ COMMENT ON FUNCTION lease.distribute(integer) IS
 $$Makes this database's pg_lease a distributed install on Citus (run it once on the coordinator, as the
 extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
 by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
-enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, and renew, release
-and their batch forms given their queue are forwarded to the node holding it, one round trip. The reaper of
+enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, cancel_key, and
+renew, release, their batch forms, fenced_update and cancel given their queue are forwarded to the node
+holding it, one round trip (lease.fence given its queue runs in the caller's transaction, which locks the
+row on that node). The reaper of
 each node sweeps the queues that node holds.
 SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
 call it again after adding nodes, to give them theirs (it changes nothing else the second time).

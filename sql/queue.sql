@@ -409,29 +409,35 @@ Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys 
 concurrency key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
 infinite or a payload over the queue's max_payload_bytes; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
-CREATE FUNCTION lease.cancel(id bigint) RETURNS text
+CREATE FUNCTION lease.cancel(id bigint, queue text DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- Taken once: Citus allows no VOLATILE function in an UPDATE.
+    t constant timestamptz := clock_timestamp();
     result text;
     q text;
     ck text;
     was_held boolean;
 BEGIN
-    -- A row's id alone cannot route a call on a distributed install.
-    PERFORM lease._refuse_if_distributed('lease.cancel');
-    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
+    -- Only the queue can route a call on a distributed install.
+    IF cancel.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.cancel without its queue');
+    END IF;
+    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}', cancel.queue);
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
-     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
+           finished_at = CASE WHEN j.state = 'pending' THEN t ELSE j.finished_at END
+     WHERE j.id = cancel.id AND (cancel.queue IS NULL OR j.queue = cancel.queue)
+       AND j.state IN ('pending', 'leased')
     RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue,
               j.concurrency_key, j.held
       INTO result, q, ck, was_held;
     IF result IS NULL THEN
-        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+        SELECT j.state::text INTO result FROM lease.job j
+         WHERE j.id = cancel.id AND (cancel.queue IS NULL OR j.queue = cancel.queue);
     ELSE
         IF result = 'cancelled' THEN
             PERFORM lease._count(q, cancelled => 1, pending => -1);
@@ -446,12 +452,14 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.cancel(bigint) IS
+COMMENT ON FUNCTION lease.cancel(bigint, text) IS
 $$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
 but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
-returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install.$$;
+returned ('done', 'dead', 'cancelled'); NULL means no such row (in QUEUE, when given: QUEUE also routes
+the call on a distributed install). Errors: 22004 id NULL; 42501 the row's
+queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install and
+no QUEUE.$$;
 
 CREATE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -468,7 +476,7 @@ BEGIN
     IF target IS NULL THEN
         RETURN NULL;
     END IF;
-    RETURN lease.cancel(target);
+    RETURN lease.cancel(target, cancel_key.queue);
 END
 $$;
 

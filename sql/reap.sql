@@ -85,18 +85,44 @@ queue).$$;
 
 CREATE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT * FROM lease._reap(max_rows, NULL);
-END;
+-- On a distributed install each statement of lease._reap names its queue;
+-- planned for it, it runs on that queue's node alone (citus.sql).
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    q text;
+    left_over integer := lease._checked_limit(max_rows);
+    r record;
+BEGIN
+    IF NOT lease._distributed() THEN
+        RETURN QUERY SELECT * FROM lease._reap(max_rows, NULL);
+        RETURN;
+    END IF;
+    -- One statement over every queue's rows would run on every node,
+    -- which Citus refuses for FOR UPDATE: queue by queue instead.
+    FOR q IN SELECT qu.name FROM lease.queue qu ORDER BY qu.name LOOP
+        FOR r IN SELECT * FROM lease._reap(left_over, q) LOOP
+            queue := r.queue;
+            requeued := r.requeued;
+            dead := r.dead;
+            cancelled := r.cancelled;
+            RETURN NEXT;
+            left_over := left_over - (r.requeued + r.dead + r.cancelled)::integer;
+        END LOOP;
+        EXIT WHEN left_over <= 0;
+    END LOOP;
+END
+$$;
 
 COMMENT ON FUNCTION lease.reap(integer) IS
 $$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
 how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
 cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
 Rows locked by others are skipped. Sends a NOTIFY on the queue's channel (lease.ready_channel) for each queue
-that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
+that got rows back. Run it from any scheduler; the pg_lease background worker calls it too. On a
+distributed install it goes queue by queue, each queue's rows on the node holding them.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
 CREATE FUNCTION lease._purge(max_rows integer, only_queue text) RETURNS bigint

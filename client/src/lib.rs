@@ -68,7 +68,7 @@ mod worker;
 
 #[cfg(feature = "sqlx")]
 pub use client::sqlx;
-pub use client::{fence, fence_named, tx, Client, DEFAULT_REQUEST_TIMEOUT};
+pub use client::{fence, fence_in, fence_named, tx, Client, DEFAULT_REQUEST_TIMEOUT};
 pub use connect::{Connector, DEFAULT_CONNECT_TIMEOUT};
 pub use elector::{Elector, ElectorConfig, Leadership, Term};
 pub use error::{Error, Result, LEASE_LOST_SQLSTATE};

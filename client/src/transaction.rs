@@ -7,7 +7,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use crate::client::fence;
+use crate::client::fence_in;
 use crate::connect::Connector;
 use crate::error::{Error, Result};
 use crate::lease::FencingToken;
@@ -99,7 +99,11 @@ pub struct FencedTransaction {
 impl FencedTransaction {
     /// `BEGIN` and `lease.fence` on a pooled connection. [`Error::LeaseLost`]
     /// if the token no longer holds the lease (nothing was written).
-    pub(crate) async fn begin(pool: &Arc<Pool>, token: FencingToken) -> Result<FencedTransaction> {
+    pub(crate) async fn begin(
+        pool: &Arc<Pool>,
+        queue: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction> {
         let pg = pool.get().await?;
         pg.batch_execute("BEGIN").await.map_err(Error::from_pg)?;
         let mut tx = FencedTransaction {
@@ -109,7 +113,7 @@ impl FencedTransaction {
             ended: false,
         };
         // On LE001 the drop below rolls back and returns the connection.
-        tx.lease_until = fence(&*tx.pg, token).await?;
+        tx.lease_until = fence_in(&*tx.pg, queue, token).await?;
         Ok(tx)
     }
 

@@ -230,6 +230,9 @@ DROP FUNCTION lease.renew(bigint, text, bigint, interval);
 DROP FUNCTION lease.renew_batch(bigint[], text, bigint[], interval);
 DROP FUNCTION lease.release(bigint, text, bigint, text, timestamptz, text);
 DROP FUNCTION lease.release_batch(bigint[], text, bigint[], text, timestamptz, text);
+DROP FUNCTION lease.fenced_update(bigint, bigint, jsonb);
+DROP FUNCTION lease.fence(bigint, bigint);
+DROP FUNCTION lease.cancel(bigint);
 DROP VIEW lease.reaper_stats;
 
 -- Internal helpers take the `_` prefix of the internal functions. A
@@ -911,18 +914,44 @@ queue).$$;
 
 CREATE OR REPLACE FUNCTION lease.reap(max_rows integer DEFAULT 1000)
 RETURNS TABLE (queue text, requeued bigint, dead bigint, cancelled bigint)
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT * FROM lease._reap(max_rows, NULL);
-END;
+-- On a distributed install each statement of lease._reap names its queue;
+-- planned for it, it runs on that queue's node alone (citus.sql).
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    q text;
+    left_over integer := lease._checked_limit(max_rows);
+    r record;
+BEGIN
+    IF NOT lease._distributed() THEN
+        RETURN QUERY SELECT * FROM lease._reap(max_rows, NULL);
+        RETURN;
+    END IF;
+    -- One statement over every queue's rows would run on every node,
+    -- which Citus refuses for FOR UPDATE: queue by queue instead.
+    FOR q IN SELECT qu.name FROM lease.queue qu ORDER BY qu.name LOOP
+        FOR r IN SELECT * FROM lease._reap(left_over, q) LOOP
+            queue := r.queue;
+            requeued := r.requeued;
+            dead := r.dead;
+            cancelled := r.cancelled;
+            RETURN NEXT;
+            left_over := left_over - (r.requeued + r.dead + r.cancelled)::integer;
+        END LOOP;
+        EXIT WHEN left_over <= 0;
+    END LOOP;
+END
+$$;
 
 COMMENT ON FUNCTION lease.reap(integer) IS
 $$Recovers up to MAX_ROWS expired leases (lease_until passed, by the database clock) and returns per queue
 how many went back to pending (with backoff), to the dead letters (attempts reached max_attempts) and to
 cancelled (cancel was requested). Each recovered row gets a new epoch, so its old owner is fenced at once.
 Rows locked by others are skipped. Sends a NOTIFY on the queue's channel (lease.ready_channel) for each queue
-that got rows back. Run it from any scheduler; the pg_lease background worker calls it too.
+that got rows back. Run it from any scheduler; the pg_lease background worker calls it too. On a
+distributed install it goes queue by queue, each queue's rows on the node holding them.
 Errors: 22004 max_rows NULL; 22023 max_rows outside 1..10000.$$;
 
 CREATE OR REPLACE FUNCTION lease._purge(max_rows integer, only_queue text) RETURNS bigint
@@ -1228,7 +1257,8 @@ gets claimable rows while it had none (an enqueue, a reap's retries). The name i
 the database, so only roles that may work the queue can learn it. Errors: 22004 queue NULL; 42704 no such
 queue; 42501 the queue is restricted and the caller may not work it.$$;
 
-CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb) RETURNS boolean
+CREATE OR REPLACE FUNCTION lease.fenced_update(id bigint, epoch bigint, patch jsonb, queue text DEFAULT NULL)
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1237,10 +1267,13 @@ DECLARE
     q lease.queue;
     bytes integer;
 BEGIN
-    -- A row's id alone cannot route a call on a distributed install.
-    PERFORM lease._refuse_if_distributed('lease.fenced_update');
+    -- Only the queue can route a call on a distributed install.
+    IF fenced_update.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.fenced_update without its queue');
+    END IF;
     PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
-            lease._checked_not_null(patch, 'patch'), lease._check_rows(ARRAY[id], '{work}');
+            lease._checked_not_null(patch, 'patch'),
+            lease._check_rows(ARRAY[id], '{work}', fenced_update.queue);
     IF jsonb_typeof(patch) <> 'object' THEN
         RAISE EXCEPTION 'patch must be a JSON object (got %)', jsonb_typeof(patch)
             USING ERRCODE = 'invalid_parameter_value';
@@ -1248,7 +1281,8 @@ BEGIN
     UPDATE lease.job j
        SET payload = j.payload || patch
      WHERE j.id = fenced_update.id AND j.epoch = fenced_update.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       AND (fenced_update.queue IS NULL OR j.queue = fenced_update.queue)
+       AND j.state = 'leased' AND j.lease_until > lease._now()
     RETURNING j.queue, octet_length(j.payload::text) INTO qn, bytes;
     IF bytes IS NULL THEN
         RETURN false;
@@ -1260,37 +1294,48 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb) IS
+COMMENT ON FUNCTION lease.fenced_update(bigint, bigint, jsonb, text) IS
 $$Merges PATCH (a JSON object; top-level keys replace) into row ID's payload, but only while (id, epoch)
-is the current, unexpired lease. Returns true if applied, false (nothing changed) if the lease is lost.
+is the current, unexpired lease. QUEUE, when given, is the row's queue (a lease of another is lost), and
+routes the call on a distributed install. Returns true if applied, false (nothing changed) if the lease
+is lost.
 Errors: 22004 an argument NULL; 22023 patch is not a JSON object, or the payload would grow over the
 queue's max_payload_bytes; 42501 the row's queue is restricted
-and the caller may not work it; 0A000 a distributed install.$$;
+and the caller may not work it; 0A000 a distributed install and no QUEUE.$$;
 
-CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION lease.fence(id bigint, epoch bigint, queue text DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     until timestamptz;
 BEGIN
-    -- A row's id alone cannot route a call on a distributed install.
-    PERFORM lease._refuse_if_distributed('lease.fence');
+    -- Only the queue can route a statement on a distributed install. There
+    -- the function runs where the caller's transaction does, and the lock
+    -- below is taken on the queue's node inside that transaction.
+    IF fence.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.fence without its queue');
+    END IF;
     PERFORM lease._checked_not_null(id, 'id'), lease._checked_not_null(epoch, 'epoch'),
-            lease._check_rows(ARRAY[id], '{work}');
+            lease._check_rows(ARRAY[id], '{work}', fence.queue);
     -- Lock order for an attached table's row: the table row first, then
     -- its lease row. Every other writer of the table takes them in that
     -- order (its UPDATE locks the table row, then its trigger the lease
     -- row), so fence must too, or a holder's fenced write and a user's
     -- cancel of the same row deadlock.
-    PERFORM lease._lock_attached_rows(ARRAY[id]);
+    -- (A distributed install has no attached tables, and joins no table to
+    -- lease.job without a queue.)
+    IF EXISTS (SELECT FROM lease.attachment) THEN
+        PERFORM lease._lock_attached_rows(ARRAY[id]);
+    END IF;
     -- FOR SHARE holds the row until the caller's transaction ends: the reaper
     -- and claimers skip or wait for it, so no new epoch can be issued before
     -- the caller's own writes commit.
     SELECT j.lease_until INTO until
       FROM lease.job j
      WHERE j.id = fence.id AND j.epoch = fence.epoch
-       AND j.state = 'leased' AND j.lease_until > clock_timestamp()
+       AND (fence.queue IS NULL OR j.queue = fence.queue)
+       AND j.state = 'leased' AND j.lease_until > lease._now()
        FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'lease % at epoch % is not held', id, epoch
@@ -1302,15 +1347,15 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.fence(bigint, bigint) IS
+COMMENT ON FUNCTION lease.fence(bigint, bigint, text) IS
 $$Guard for the caller's own transaction: succeeds (returning lease_until) only while (id, epoch) is the
-current, unexpired lease, and keeps the row locked FOR SHARE until the transaction ends, so writes that
+current, unexpired lease (of QUEUE, when given: a lease of another is not held), and keeps the row locked FOR SHARE until the transaction ends, so writes that
 follow in the same transaction are ordered before any takeover. For a row of an attached table it first
 locks that table's row FOR NO KEY UPDATE, the order every writer of the table follows, so a fenced write
 cannot deadlock with a concurrent cancel or acknowledgement of the same row. Call it first, then write
 your tables.
 Errors: LE001 lease not held (roll back); 22004 an argument NULL; 42501 the row's queue is restricted
-and the caller may not work it; 0A000 a distributed install.$$;
+and the caller may not work it; 0A000 a distributed install and no QUEUE.$$;
 
 CREATE OR REPLACE FUNCTION lease.drop_queue(name text, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1550,29 +1595,35 @@ Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys 
 concurrency key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
 infinite or a payload over the queue's max_payload_bytes; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
-CREATE OR REPLACE FUNCTION lease.cancel(id bigint) RETURNS text
+CREATE OR REPLACE FUNCTION lease.cancel(id bigint, queue text DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- Taken once: Citus allows no VOLATILE function in an UPDATE.
+    t constant timestamptz := clock_timestamp();
     result text;
     q text;
     ck text;
     was_held boolean;
 BEGIN
-    -- A row's id alone cannot route a call on a distributed install.
-    PERFORM lease._refuse_if_distributed('lease.cancel');
-    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}');
+    -- Only the queue can route a call on a distributed install.
+    IF cancel.queue IS NULL THEN
+        PERFORM lease._refuse_if_distributed('lease.cancel without its queue');
+    END IF;
+    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}', cancel.queue);
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
-           finished_at = CASE WHEN j.state = 'pending' THEN clock_timestamp() ELSE j.finished_at END
-     WHERE j.id = cancel.id AND j.state IN ('pending', 'leased')
+           finished_at = CASE WHEN j.state = 'pending' THEN t ELSE j.finished_at END
+     WHERE j.id = cancel.id AND (cancel.queue IS NULL OR j.queue = cancel.queue)
+       AND j.state IN ('pending', 'leased')
     RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue,
               j.concurrency_key, j.held
       INTO result, q, ck, was_held;
     IF result IS NULL THEN
-        SELECT j.state::text INTO result FROM lease.job j WHERE j.id = cancel.id;
+        SELECT j.state::text INTO result FROM lease.job j
+         WHERE j.id = cancel.id AND (cancel.queue IS NULL OR j.queue = cancel.queue);
     ELSE
         IF result = 'cancelled' THEN
             PERFORM lease._count(q, cancelled => 1, pending => -1);
@@ -1587,12 +1638,14 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.cancel(bigint) IS
+COMMENT ON FUNCTION lease.cancel(bigint, text) IS
 $$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A leased row keeps its lease
 but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
-returned ('done', 'dead', 'cancelled'); NULL means no such row. Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install.$$;
+returned ('done', 'dead', 'cancelled'); NULL means no such row (in QUEUE, when given: QUEUE also routes
+the call on a distributed install). Errors: 22004 id NULL; 42501 the row's
+queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install and
+no QUEUE.$$;
 
 CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1609,7 +1662,7 @@ BEGIN
     IF target IS NULL THEN
         RETURN NULL;
     END IF;
-    RETURN lease.cancel(target);
+    RETURN lease.cancel(target, cancel_key.queue);
 END
 $$;
 
@@ -4439,7 +4492,10 @@ BEGIN
             ('lease.renew(bigint, text, bigint, interval, text)', 'queue'),
             ('lease.renew_batch(bigint[], text, bigint[], interval, text)', 'queue'),
             ('lease.release(bigint, text, bigint, text, timestamptz, text, text)', 'queue'),
-            ('lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text)', 'queue')) AS v(f, arg) LOOP
+            ('lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text)', 'queue'),
+            ('lease.fenced_update(bigint, bigint, jsonb, text)', 'queue'),
+            ('lease.cancel(bigint, text)', 'queue'),
+            ('lease.cancel_key(text, text)', 'queue')) AS v(f, arg) LOOP
         PERFORM create_distributed_function(f::regprocedure, arg, colocate_with := 'lease.queue');
         -- Citus cannot route every statement of a generic plan, whose queue
         -- is a parameter: plan each statement of a forwarded call, and of
@@ -4455,8 +4511,10 @@ COMMENT ON FUNCTION lease.distribute(integer) IS
 $$Makes this database's pg_lease a distributed install on Citus (run it once on the coordinator, as the
 extension's owner, after adding the worker nodes): lease.queue is distributed by name and every table keyed
 by queue by its queue, in one colocation group, so each queue lives on one worker node; create_queue,
-enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, and renew, release
-and their batch forms given their queue are forwarded to the node holding it, one round trip. The reaper of
+enqueue, enqueue_batch, claim_pending, reclaim_own, release_and_claim, ready_channel, cancel_key, and
+renew, release, their batch forms, fenced_update and cancel given their queue are forwarded to the node
+holding it, one round trip (lease.fence given its queue runs in the caller's transaction, which locks the
+row on that node). The reaper of
 each node sweeps the queues that node holds.
 SHARD_COUNT overrides citus.shard_count for these tables. Each node draws row ids from a range of its own;
 call it again after adding nodes, to give them theirs (it changes nothing else the second time).
@@ -4478,6 +4536,9 @@ GRANT EXECUTE ON FUNCTION
     lease.renew_batch(bigint[], text, bigint[], interval, text),
     lease.release(bigint, text, bigint, text, timestamptz, text, text),
     lease.release_batch(bigint[], text, bigint[], text, timestamptz, text, text),
+    lease.fenced_update(bigint, bigint, jsonb, text),
+    lease.fence(bigint, bigint, text),
+    lease.cancel(bigint, text),
     lease.bind_session(text, text),
     lease.release_named_batch(text[], text, bigint[]),
     lease.release_named(text[], text, bigint[]),

@@ -64,6 +64,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "check",
+        "citus",
         "head",
         "transition",
         "concurrency",
@@ -132,7 +133,15 @@ pgrx::extension_sql_file!("../../sql/citus.sql", name = "citus", requires = ["sc
 pgrx::extension_sql_file!(
     "../../sql/fence.sql",
     name = "fence",
-    requires = ["schema", "check", "citus", "access", "outcome", "queue"]
+    requires = [
+        "schema",
+        "check",
+        "citus",
+        "access",
+        "outcome",
+        "queue",
+        "transition"
+    ]
 );
 pgrx::extension_sql_file!(
     "../../sql/named.sql",

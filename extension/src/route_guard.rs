@@ -30,6 +30,9 @@ const ROUTED: &[(&str, &str)] = &[
     ("renew_batch", "queue"),
     ("release", "queue"),
     ("release_batch", "queue"),
+    ("fenced_update", "queue"),
+    ("cancel", "queue"),
+    ("cancel_key", "queue"),
 ];
 
 static mut PREV_PLANNER: pg_sys::planner_hook_type = None;

@@ -342,9 +342,8 @@ async fn a_worker_runs_unchanged_on_a_distributed_install() {
 /// On a distributed install a call whose queue is NULL cannot be routed:
 /// every forwarded function called so by a lease_worker (create_queue by a
 /// lease_admin; the queue written NULL, bound NULL, or left to its NULL
-/// default) answers 22004, and fence,
-/// fenced_update and cancel, which take only a row's id, answer 0A000;
-/// nothing changes and the coordinator stays up.
+/// default) answers 22004, and fence without its queue 0A000; nothing
+/// changes and the coordinator stays up.
 ///
 /// Fails on the code before the refusals: Citus hashes the routing argument
 /// while planning the call, and `lease.renew($1, 'o', $2, '1 min')` (queue
@@ -385,9 +384,13 @@ async fn calls_that_name_no_queue_are_refused_and_nothing_crashes() {
         ("SELECT lease.enqueue($1, '{}')", "22004"),
         ("SELECT * FROM lease.enqueue_batch(NULL, ARRAY['{}'::jsonb])", "22004"),
         ("SELECT lease.ready_channel($1)", "22004"),
+        ("SELECT lease.fenced_update($1, $2, '{}')", "22004"),
+        ("SELECT lease.fenced_update($1, $2, '{}', $3)", "22004"),
+        ("SELECT lease.cancel($1::bigint + $2::bigint - $2::bigint)", "22004"),
+        ("SELECT lease.cancel_key($1, 'k')", "22004"),
+        // Not forwarded (it locks the row in the caller's transaction):
+        // without its queue it cannot know the row's node.
         ("SELECT lease.fence($1, $2)", "0A000"),
-        ("SELECT lease.fenced_update($1, $2, '{}')", "0A000"),
-        ("SELECT lease.cancel($1::bigint + $2::bigint - $2::bigint)", "0A000"),
     ];
     for (call, code) in calls {
         let statement = app.prepare(call).await.expect("prepare");
@@ -433,4 +436,132 @@ async fn calls_that_name_no_queue_are_refused_and_nothing_crashes() {
             .contains("terminated by signal"),
         "the coordinator crashed"
     );
+}
+
+/// Fenced writes given their queue hold on a distributed install:
+/// `fenced_update` is forwarded to the queue's node, `lease.fence` in the
+/// caller's transaction on the coordinator locks the row on that node until
+/// the transaction ends (a cancel of the row waits for it), and a `Worker`
+/// handler's `job.fenced_update` and `job.transaction()` work unchanged.
+///
+/// Fails on the code before: fence, fenced_update and cancel took only the
+/// row's id and refused every call on a distributed install (0A000), so
+/// each of these steps failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn fenced_writes_hold_on_the_queues_node() {
+    const JOBS: i64 = 10;
+    let citus = CitusCluster::start(2, Duration::from_millis(200));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute(
+        "SELECT lease.distribute();
+         CREATE TABLE sent (id bigint PRIMARY KEY);",
+    )
+    .await
+    .expect("distribute");
+    login_role(&su, "app", "lease_worker").await;
+    su.batch_execute("GRANT INSERT, SELECT ON sent TO app")
+        .await
+        .expect("grant");
+    let client = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "app"))
+        .await
+        .expect("app");
+    let kept = QueueOptions {
+        retention: Duration::from_secs(3600),
+        ..QueueOptions::default()
+    };
+    let admin = Client::connect(&citus.coordinator.conn_string(TEST_DB))
+        .await
+        .expect("admin");
+    admin.create_queue("fq", &kept).await.expect("create_queue");
+
+    // By hand: the fenced write, then the fence in a transaction.
+    client
+        .enqueue("fq", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
+    let claimed = client
+        .claim(1, Duration::from_secs(60), "o", "fq")
+        .await
+        .expect("claim");
+    let lease = &claimed[0].lease;
+    client
+        .fenced_update_in("fq", lease.token(), &serde_json::json!({ "by": "o" }))
+        .await
+        .expect("fenced_update_in");
+    let stale = pg_lease_client::FencingToken {
+        epoch: lease.epoch() - 1,
+        ..lease.token()
+    };
+    assert!(matches!(
+        client
+            .fenced_update_in("fq", stale, &serde_json::json!({ "by": "zombie" }))
+            .await,
+        Err(pg_lease_client::Error::LeaseLost { .. })
+    ));
+    let mut holder = citus.coordinator.connect_to(TEST_DB, "app").await;
+    let tx = holder.transaction().await.expect("begin");
+    pg_lease_client::fence_in(&tx, "fq", lease.token())
+        .await
+        .expect("fence_in");
+    let canceller = citus.coordinator.connect_to(TEST_DB, "app").await;
+    let id = lease.id();
+    let cancel = tokio::spawn(async move {
+        canceller
+            .query_one("SELECT lease.cancel($1, 'fq')", &[&id])
+            .await
+            .map(|row| row.get::<_, String>(0))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !cancel.is_finished(),
+        "the fence's lock on the queue's node holds a cancel off"
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        cancel.await.expect("task").expect("cancel"),
+        "cancel_requested"
+    );
+    assert_eq!(
+        scalar::<String>(
+            &su,
+            &format!("SELECT payload->>'by' FROM lease.job WHERE queue = 'fq' AND id = {id}")
+        )
+        .await,
+        "o"
+    );
+
+    // A Worker's handler, unchanged.
+    for i in 0..JOBS {
+        client
+            .enqueue("fq", &serde_json::json!({ "i": i }))
+            .await
+            .expect("enqueue");
+    }
+    let config = WorkerConfig::new("fq").with_ttl(Duration::from_secs(5));
+    let (shutdown, run) = spawn(Worker::new(client, config, |job| async move {
+        job.fenced_update(&serde_json::json!({ "seen": true }))
+            .await?;
+        let tx = job.transaction().await?;
+        tx.execute("INSERT INTO sent VALUES ($1)", &[&job.lease().id()])
+            .await?;
+        tx.commit().await?;
+        Ok(Outcome::Done)
+    }));
+    eventually(
+        &su,
+        &format!(
+            "SELECT count(*) = {JOBS} FROM lease.job \
+             WHERE queue = 'fq' AND state = 'done' AND payload ? 'seen'"
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    let summary = stop(shutdown, run).await;
+    assert_eq!(
+        (summary.done, summary.lost),
+        (JOBS as u64, 0),
+        "{summary:?}"
+    );
+    assert_eq!(scalar::<i64>(&su, "SELECT count(*) FROM sent").await, JOBS);
 }

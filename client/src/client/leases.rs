@@ -251,9 +251,32 @@ impl Client {
 
     /// `lease.fenced_update`: merges `patch` (must serialize to a JSON
     /// object) into the row's payload, only while `token` is the current
-    /// lease. [`Error::LeaseLost`] otherwise.
+    /// lease. [`Error::LeaseLost`] otherwise. On a distributed install
+    /// (Citus) the call needs the row's queue: [`fenced_update_in`](Client::fenced_update_in).
     pub async fn fenced_update<P: Serialize + ?Sized>(
         &self,
+        token: FencingToken,
+        patch: &P,
+    ) -> Result<()> {
+        self.fenced_update_on(None, token, patch).await
+    }
+
+    /// [`fenced_update`](Client::fenced_update) of a row of `queue` (a
+    /// lease of another queue is lost); on a distributed install the call
+    /// goes to the node holding `queue`. A [`Job`](crate::Job)'s
+    /// `fenced_update` passes its queue.
+    pub async fn fenced_update_in<P: Serialize + ?Sized>(
+        &self,
+        queue: &str,
+        token: FencingToken,
+        patch: &P,
+    ) -> Result<()> {
+        self.fenced_update_on(Some(queue), token, patch).await
+    }
+
+    async fn fenced_update_on<P: Serialize + ?Sized>(
+        &self,
+        queue: Option<&str>,
         token: FencingToken,
         patch: &P,
     ) -> Result<()> {
@@ -263,7 +286,7 @@ impl Client {
         let applied: bool = self
             .call(|c| async move {
                 let row = c
-                    .query_one(Query::FencedUpdate, &[&id, &epoch, patch])
+                    .query_one(Query::FencedUpdate, &[&id, &epoch, patch, &queue])
                     .await?;
                 col(&row, 0)
             })

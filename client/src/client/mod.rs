@@ -29,7 +29,7 @@ mod statements;
 mod summaries;
 pub mod tx;
 
-pub use tx::{fence, fence_named};
+pub use tx::{fence, fence_in, fence_named};
 
 use crate::connect::Connector;
 use crate::error::{Error, Result};

@@ -146,14 +146,36 @@ pub async fn fence<'c, E>(executor: E, token: FencingToken) -> Result<SystemTime
 where
     E: PgExecutor<'c>,
 {
+    fence_on(executor, None, token).await
+}
+
+/// [`fence`] for a lease on a row of `queue`: like
+/// [`fence_in`](crate::tx::fence_in), the form a distributed install needs.
+pub async fn fence_in<'c, E>(executor: E, queue: &str, token: FencingToken) -> Result<SystemTime>
+where
+    E: PgExecutor<'c>,
+{
+    fence_on(executor, Some(queue), token).await
+}
+
+async fn fence_on<'c, E>(
+    executor: E,
+    queue: Option<&str>,
+    token: FencingToken,
+) -> Result<SystemTime>
+where
+    E: PgExecutor<'c>,
+{
     let (id, epoch) = (token.id, token.epoch);
-    let row = ::sqlx::query("SELECT (extract(epoch FROM lease.fence($1, $2)) * 1000000)::bigint")
-        .persistent(false)
-        .bind(id)
-        .bind(epoch)
-        .fetch_one(executor)
-        .await
-        .map_err(|e| Error::from_sqlx_fenced(e, || Error::LeaseLost { id, epoch }))?;
+    let row =
+        ::sqlx::query("SELECT (extract(epoch FROM lease.fence($1, $2, $3)) * 1000000)::bigint")
+            .persistent(false)
+            .bind(id)
+            .bind(epoch)
+            .bind(queue)
+            .fetch_one(executor)
+            .await
+            .map_err(|e| Error::from_sqlx_fenced(e, || Error::LeaseLost { id, epoch }))?;
     column(&row, 0).map(at_micros)
 }
 

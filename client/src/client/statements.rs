@@ -278,7 +278,7 @@ impl Query {
                 ", queue => $6::text) AS r"
             ),
             S::FencedUpdate => {
-                "SELECT lease.fenced_update(id => $1::bigint, epoch => $2::bigint, patch => $3::jsonb)"
+                "SELECT lease.fenced_update(id => $1::bigint, epoch => $2::bigint, patch => $3::jsonb, queue => $4::text)"
             }
             S::Cancel => "SELECT lease.cancel(id => $1::bigint)",
             S::TryAcquire => concat!(

@@ -130,11 +130,34 @@ where
 /// # Ok(()) }
 /// ```
 pub async fn fence<C: GenericClient + Sync>(tx: &C, token: FencingToken) -> Result<SystemTime> {
+    fence_on(tx, None, token).await
+}
+
+/// [`fence`] for a lease on a row of `queue` (a lease of another queue is
+/// not held). On a distributed install (Citus) only this form works: the
+/// queue says which node's row your transaction locks.
+pub async fn fence_in<C: GenericClient + Sync>(
+    tx: &C,
+    queue: &str,
+    token: FencingToken,
+) -> Result<SystemTime> {
+    fence_on(tx, Some(queue), token).await
+}
+
+async fn fence_on<C: GenericClient + Sync>(
+    tx: &C,
+    queue: Option<&str>,
+    token: FencingToken,
+) -> Result<SystemTime> {
     let (id, epoch) = (token.id, token.epoch);
     let row = tx
         .query_typed_one(
-            "SELECT lease.fence($1, $2)",
-            &[(&id, Type::INT8), (&epoch, Type::INT8)],
+            "SELECT lease.fence($1, $2, $3)",
+            &[
+                (&id, Type::INT8),
+                (&epoch, Type::INT8),
+                (&queue, Type::TEXT),
+            ],
         )
         .await
         .map_err(|e| Error::from_pg_fenced(e, id, epoch))?;

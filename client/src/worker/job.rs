@@ -98,9 +98,11 @@ impl Job {
         &self.client
     }
 
-    /// [`Client::fenced_update`] with this job's token.
+    /// [`Client::fenced_update_in`] with this job's queue and token.
     pub async fn fenced_update<P: Serialize + ?Sized>(&self, patch: &P) -> Result<()> {
-        self.client.fenced_update(self.token(), patch).await
+        self.client
+            .fenced_update_in(self.lease().queue(), self.token(), patch)
+            .await
     }
 
     /// A transaction on a connection of the worker's own (a small pool, at
@@ -110,7 +112,7 @@ impl Job {
     /// if it no longer is; [`Error::InvalidInput`](crate::Error::InvalidInput)
     /// if the worker's client has no [`Connector`](crate::Connector).
     pub async fn transaction(&self) -> Result<FencedTransaction> {
-        FencedTransaction::begin(&self.pool, self.token()).await
+        FencedTransaction::begin(&self.pool, self.lease().queue(), self.token()).await
     }
 }
 
