@@ -108,6 +108,34 @@ impl CitusCluster {
     }
 }
 
+/// The coordinator of a distributed install of two worker nodes, for a
+/// suite run with [`crate::INSTALL_ENV`]`=citus`: `config`'s settings on
+/// every node (Citus preloaded before pg_lease; the reaper off unless
+/// `config` preloads pg_lease), `lease.distribute()` run. The worker nodes
+/// stop with the coordinator.
+pub(crate) fn distributed_install(config: &ClusterConfig) -> Cluster {
+    let reaper = config
+        .extra_conf
+        .iter()
+        .any(|line| line.contains("shared_preload_libraries") && line.contains(EXTENSION));
+    let mut settings: Vec<&str> = config
+        .extra_conf
+        .iter()
+        .map(String::as_str)
+        .filter(|line| !line.contains("shared_preload_libraries"))
+        .collect();
+    if !reaper {
+        settings.push("lease.reaper_enabled = off");
+    }
+    let CitusCluster {
+        mut coordinator,
+        workers,
+    } = CitusCluster::start_with(2, Duration::from_secs(1), &settings);
+    coordinator.psql(TEST_DB, "SELECT lease.distribute()");
+    coordinator.nodes = workers;
+    coordinator
+}
+
 /// A role `name` that logs in and is a member of `group`.
 pub async fn login_role(su: &tokio_postgres::Client, name: &str, group: &str) {
     su.batch_execute(&format!("CREATE ROLE {name} LOGIN IN ROLE {group}"))

@@ -76,7 +76,8 @@ pub const POSTGRES_OS_USER: &str = "postgres";
 /// maintenance database; [`Cluster::connect`] connects to it.
 pub const TEST_DB: &str = "pg_lease_test";
 
-/// Set to `sql` to run the tests against the install without the library
+/// Set to `citus` to run them against a distributed install
+/// ([`citus_install_mode`]), or to `sql` to run the tests against the install without the library
 /// (`bin/sql-install`): [`Cluster::start`] then has [`SQL_OWNER`], a role
 /// that is no superuser, own [`TEST_DB`] and install pg_lease there, tests
 /// connect as that role, and [`ClusterConfig::with_reaper`] runs a sweeper
@@ -89,6 +90,14 @@ pub const SQL_OWNER: &str = "lease_owner";
 /// Whether [`INSTALL_ENV`] asks for the install without the library.
 pub fn sql_install_mode() -> bool {
     env::var(INSTALL_ENV).is_ok_and(|v| v == "sql")
+}
+
+/// Whether [`INSTALL_ENV`] asks for a distributed install (`citus`):
+/// [`Cluster::start_with`] then starts a Citus coordinator and two worker
+/// nodes, runs `lease.distribute()`, and returns the coordinator, which
+/// keeps the worker nodes running until it is dropped.
+pub fn citus_install_mode() -> bool {
+    env::var(INSTALL_ENV).is_ok_and(|v| v == "citus")
 }
 
 /// The role tests connect as: the superuser, or [`SQL_OWNER`] in SQL mode.
@@ -201,6 +210,8 @@ pub struct Cluster {
     run_as: RunAs,
     /// The harness's sweeper in SQL mode: its stop flag and thread.
     sweeper: Option<(Arc<AtomicBool>, thread::JoinHandle<()>)>,
+    /// A distributed install's worker nodes, stopped after this coordinator.
+    nodes: Vec<Cluster>,
 }
 
 impl Cluster {
@@ -215,6 +226,9 @@ impl Cluster {
     /// (including tool output or the server log) on failure; anything already
     /// created is cleaned up first.
     pub fn start_with(config: ClusterConfig) -> Cluster {
+        if citus_install_mode() && config.create_extension {
+            return citus::distributed_install(&config);
+        }
         match Cluster::try_start(&config) {
             Ok(cluster) => cluster,
             Err(err) => panic!("pg_tests: could not start a PostgreSQL test cluster: {err}"),
@@ -421,6 +435,7 @@ impl Cluster {
             bin_dir: primary.bin_dir.clone(),
             run_as: primary.run_as,
             sweeper: None,
+            nodes: Vec::new(),
         };
         standby.chown_data_dir()?;
         // -R writes primary_conninfo and standby.signal; -c fast skips the
@@ -491,6 +506,7 @@ impl Cluster {
             bin_dir,
             run_as,
             sweeper: None,
+            nodes: Vec::new(),
         };
         cluster.chown_data_dir()?;
         cluster.initdb()?;

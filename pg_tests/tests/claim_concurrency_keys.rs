@@ -92,15 +92,28 @@ async fn no_key_ever_has_more_than_its_limit_leased() {
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng::new(99);
             while !stop.load(Ordering::Relaxed) {
-                // Pending rows, held or admitted, and leased ones alike.
-                pg.execute(
-                    "SELECT lease.cancel(id) FROM lease.job
-                      WHERE queue = 'serial' AND state IN ('pending', 'leased')
-                      ORDER BY random() LIMIT 1",
-                    &[],
-                )
-                .await
-                .expect("cancel");
+                // Pending rows, held or admitted, and leased ones alike;
+                // found first, then cancelled by a call of its own, as a
+                // distributed install needs (a call inside a query over
+                // lease.job would run on the queue's node, in the shard's
+                // query).
+                let picked = pg
+                    .query_opt(
+                        "SELECT id FROM lease.job
+                          WHERE queue = 'serial' AND state IN ('pending', 'leased')
+                          ORDER BY random() LIMIT 1",
+                        &[],
+                    )
+                    .await
+                    .expect("pick a row");
+                if let Some(row) = picked {
+                    pg.execute(
+                        "SELECT lease.cancel($1, 'serial')",
+                        &[&row.get::<_, i64>(0)],
+                    )
+                    .await
+                    .expect("cancel");
+                }
                 tokio::time::sleep(Duration::from_millis(20 + rng.below(30))).await;
             }
         }));

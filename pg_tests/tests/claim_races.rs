@@ -30,11 +30,20 @@ async fn claim(
         .collect()
 }
 
-async fn release(client: &Client, id: i64, owner: &str, epoch: i64, outcome: &str) -> bool {
+/// Releases `owner`'s lease on row `id` of `queue` (which routes the call
+/// on a distributed install); whether it was held.
+async fn release(
+    client: &Client,
+    id: i64,
+    owner: &str,
+    epoch: i64,
+    outcome: &str,
+    queue: &str,
+) -> bool {
     client
         .query_one(
-            "SELECT lease.release($1, $2, $3, $4)",
-            &[&id, &owner, &epoch, &outcome],
+            "SELECT lease.release($1, $2, $3, $4, queue => $5)",
+            &[&id, &owner, &epoch, &outcome, &queue],
         )
         .await
         .expect("release")
@@ -45,7 +54,7 @@ async fn release(client: &Client, id: i64, owner: &str, epoch: i64, outcome: &st
 async fn renewed(client: &Client, id: i64, owner: &str, epoch: i64) -> bool {
     client
         .query_one(
-            "SELECT held FROM lease.renew($1, $2, $3, '1 minute')",
+            "SELECT held FROM lease.renew($1, $2, $3, '1 minute', 'default')",
             &[&id, &owner, &epoch],
         )
         .await
@@ -58,7 +67,7 @@ async fn renewed(client: &Client, id: i64, owner: &str, epoch: i64) -> bool {
 async fn fenced_update(client: &Client, id: i64, epoch: i64, by: &str) -> bool {
     client
         .query_one(
-            "SELECT lease.fenced_update($1, $2, jsonb_build_object('by', $3::text))",
+            "SELECT lease.fenced_update($1, $2, jsonb_build_object('by', $3::text), 'default')",
             &[&id, &epoch, &by],
         )
         .await
@@ -131,7 +140,7 @@ async fn drain_concurrently(
                 for (id, epoch) in got {
                     // Leave the row marked as held until the release is
                     // acknowledged, so any overlapping claim is seen.
-                    let ok = release(&client, id, &owner, epoch, "done").await;
+                    let ok = release(&client, id, &owner, epoch, "done", "race").await;
                     let mut o = observed.lock().expect("observed");
                     o.held.remove(&id);
                     if ok {
@@ -242,7 +251,7 @@ async fn failing_rows_do_not_starve_newer_rows() {
         for r in rows {
             let (id, epoch, poison): (i64, i64, bool) = (r.get(0), r.get(1), r.get(2));
             let outcome = if poison { "retry" } else { "done" };
-            assert!(release(&client, id, "w", epoch, outcome).await);
+            assert!(release(&client, id, "w", epoch, outcome, "s").await);
             if let Some(at) = enqueued_at.remove(&id) {
                 waited.push(cycle - at);
             }
@@ -319,7 +328,7 @@ async fn a_zombie_cannot_touch_a_row_after_takeover() {
     assert!(!renewed(&a, id, "A", a_epoch).await);
     for outcome in ["done", "retry", "fail", "abandon"] {
         assert!(
-            !release(&a, id, "A", a_epoch, outcome).await,
+            !release(&a, id, "A", a_epoch, outcome, "default").await,
             "zombie release {outcome}"
         );
     }
@@ -329,7 +338,7 @@ async fn a_zombie_cannot_touch_a_row_after_takeover() {
     );
     a.batch_execute("BEGIN").await.expect("begin");
     let err = a
-        .query_one("SELECT lease.fence($1, $2)", &[&id, &a_epoch])
+        .query_one("SELECT lease.fence($1, $2, 'default')", &[&id, &a_epoch])
         .await
         .expect_err("fence must refuse a zombie");
     assert_eq!(sqlstate(&err).as_deref(), Some("LE001"));
@@ -349,7 +358,7 @@ async fn a_zombie_cannot_touch_a_row_after_takeover() {
         ("B", b_epoch, "leased", "B")
     );
     assert!(
-        release(&b, id, "B", b_epoch, "done").await,
+        release(&b, id, "B", b_epoch, "done", "default").await,
         "the new owner still finishes"
     );
 }
@@ -383,7 +392,7 @@ async fn cancel_while_leased_ends_cancelled_never_requeued() {
     assert_eq!(leases.len(), 2);
     for id in &ids {
         let said: String = admin
-            .query_one("SELECT lease.cancel($1)", &[id])
+            .query_one("SELECT lease.cancel($1, 'c')", &[id])
             .await
             .expect("cancel")
             .get(0);
@@ -393,7 +402,7 @@ async fn cancel_while_leased_ends_cancelled_never_requeued() {
     let (gives_back, e) = leases[0];
     let seen: bool = owner
         .query_one(
-            "SELECT cancel_requested FROM lease.renew($1, 'w', $2, '300 milliseconds')",
+            "SELECT cancel_requested FROM lease.renew($1, 'w', $2, '300 milliseconds', 'c')",
             &[&gives_back, &e],
         )
         .await
@@ -401,7 +410,7 @@ async fn cancel_while_leased_ends_cancelled_never_requeued() {
         .get(0);
     assert!(seen);
     // ...and gives that row back; the other owner "dies" holding its row.
-    assert!(release(&owner, gives_back, "w", e, "retry").await);
+    assert!(release(&owner, gives_back, "w", e, "retry", "c").await);
     tokio::time::sleep(Duration::from_millis(450)).await;
     let reaped = admin
         .query_one(
