@@ -670,7 +670,24 @@ DECLARE
     stale_before constant timestamptz := clock_timestamp() - interval '1 minute';
     q record;
     raised integer := 0;
+    from_start boolean;
 BEGIN
+    IF only_queue IS NOT NULL THEN
+        -- One queue, as a distributed install sweeps (citus.sql): each
+        -- statement names it, and so runs on its shard alone. The query
+        -- below, with its EXISTS under an OR, went to every shard of
+        -- lease.queue there, over connections to every node.
+        SELECT qu.head_checked_at < stale_before AND qu.head_priority <> 2147483647 INTO from_start
+          FROM lease.queue qu WHERE qu.name = only_queue;
+        IF from_start OR EXISTS (SELECT FROM lease.counter c
+                                  WHERE c.queue = only_queue AND c.backend <> 0
+                                    AND (c.claimed > 0 OR c.cancelled > 0)) THEN
+            IF lease._raise_head(only_queue, coalesce(from_start, false)) THEN
+                raised := 1;
+            END IF;
+        END IF;
+        RETURN raised;
+    END IF;
     -- Queues whose rows were claimed or cancelled since the counters were
     -- last folded (lease.metrics), and once a minute every raised head.
     FOR q IN SELECT qu.name, checked.stale AS from_start
@@ -3579,10 +3596,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        -- Where Citus is, every pass: on a distributed install the reads
-        -- below would ask every node, and a worker node learns that it is
-        -- one (lease.distribute) only from DDL, which marks nothing due.
-        RETURN now();
+        -- Where Citus is, every lease.sweep_interval: on a distributed
+        -- install the reads below would ask every node, and a worker node
+        -- learns that it is one (lease.distribute) only from DDL, which
+        -- marks nothing due. (Due at once, each node swept back to back.)
+        RETURN now() + coalesce(pg_catalog.current_setting('lease.sweep_interval', true), '1s')::interval;
     END IF;
     RETURN least(
         (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
@@ -3605,7 +3623,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; where Citus is installed, now (every pass).';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; where Citus is installed, one lease.sweep_interval from now.';
 
 CREATE OR REPLACE FUNCTION lease._sweep_holder(OUT pid integer, OUT since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER

@@ -136,6 +136,9 @@ struct Counts {
 /// Reads [`Counts`]; `None` if `lease.job`'s statistics are missing.
 fn counts(client: &mut SpiClient<'_>) -> Result<Option<Counts>, pgrx::spi::Error> {
     client.update("SET LOCAL search_path = pg_catalog, pg_temp", None, &[])?;
+    if distributed(client)? {
+        return Ok(None);
+    }
     let row = client
         .select(
             "SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), pg_catalog.pg_stat_get_live_tuples(c.oid),
@@ -174,6 +177,36 @@ fn counts(client: &mut SpiClient<'_>) -> Result<Option<Counts>, pgrx::spi::Error
         live,
         moved: moved.unwrap_or(0),
     }))
+}
+
+/// Whether `lease.job` is a Citus distributed table (sql/citus.sql). Its
+/// rows then live in shards, which autovacuum looks after on each node;
+/// here it is an empty shell, and a read of `lease.counter` would ask
+/// every node, over connections to each of them, on every sweep.
+fn distributed(client: &mut SpiClient<'_>) -> Result<bool, pgrx::spi::Error> {
+    let citus = client
+        .select(
+            "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one::<bool>()?;
+    if citus != Some(true) {
+        return Ok(false);
+    }
+    // Named only once Citus is known to be here: its catalog is resolved
+    // when the statement is parsed.
+    Ok(client
+        .select(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                             WHERE logicalrelid OPERATOR(pg_catalog.=) 'lease.job'::pg_catalog.regclass)",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one::<bool>()?
+        == Some(true))
 }
 
 /// The oldest transaction id whose effects a vacuum of `table` must keep

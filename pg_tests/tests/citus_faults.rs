@@ -228,7 +228,8 @@ async fn each_node_reaps_its_own_queues_without_the_coordinator() {
 /// Failed first: the nodes' reapers had swept once, before
 /// `lease.distribute()`, found nothing due and never swept again (forwarded
 /// calls mark nothing due on the node), so the expired leases never came
-/// back; `_next_sweep_due` now answers "now" wherever Citus is installed.
+/// back; wherever Citus is installed `_next_sweep_due` now answers one
+/// `lease.sweep_interval` from now.
 #[tokio::test]
 #[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
 async fn a_shard_move_keeps_every_lease_and_its_fencing() {
