@@ -3566,8 +3566,17 @@ BEGIN
     recovered := 0;
     purged := 0;
     failures := '{}';
+    -- Schedules live on the coordinator (lease.schedule is not distributed;
+    -- elsewhere it is empty): their occurrences are enqueued on the nodes of
+    -- their queues, in this transaction.
+    BEGIN
+        PERFORM lease._enqueue_due(max_rows);
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
+        failures := failures || format('schedules: %s: %s', SQLSTATE, problem);
+    END;
     -- Queue by queue, each in a subtransaction: one that fails stops none of
-    -- the others. No schedules and no bound sessions on a distributed install.
+    -- the others. No bound sessions on a distributed install.
     FOR q IN SELECT lease._local_queues() LOOP
         BEGIN
             FOR r IN SELECT * FROM lease._reap(max_rows, q) LOOP
@@ -3586,9 +3595,10 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._sweep_queues(integer) IS
-$$Internal (lease.sweep on a distributed install): reaps, purges, tops up the concurrency slots, raises the
-head and folds the counters of each queue this node holds, MAX_ROWS rows per step and queue; returns the
-rows recovered and purged and what failed.$$;
+$$Internal (lease.sweep on a distributed install): enqueues the due occurrences of schedules (on the
+coordinator, which holds them), then reaps, purges, tops up the concurrency slots, raises the head and
+folds the counters of each queue this node holds, MAX_ROWS rows per step and queue; returns the rows
+recovered and purged and what failed.$$;
 
 CREATE OR REPLACE FUNCTION lease._next_sweep_due() RETURNS timestamptz
 LANGUAGE plpgsql STABLE
@@ -3600,7 +3610,9 @@ BEGIN
         -- install the reads below would ask every node, and a worker node
         -- learns that it is one (lease.distribute) only from DDL, which
         -- marks nothing due. (Due at once, each node swept back to back.)
-        RETURN now() + coalesce(pg_catalog.current_setting('lease.sweep_interval', true), '1s')::interval;
+        -- Schedules are the coordinator's own table, read here alone.
+        RETURN least(now() + coalesce(pg_catalog.current_setting('lease.sweep_interval', true), '1s')::interval,
+                     (SELECT min(s.next_at) FROM lease.schedule s));
     END IF;
     RETURN least(
         (SELECT min(j.lease_until) FROM lease.job j WHERE j.state = 'leased'),
@@ -3623,7 +3635,7 @@ END
 $$;
 
 COMMENT ON FUNCTION lease._next_sweep_due() IS
-    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; where Citus is installed, one lease.sweep_interval from now.';
+    'Internal: when this database next has work for the reaper (a lease expiry, a purge, a scheduled enqueue, a write-back to retry, a bound session to look at); NULL if none until something changes; where Citus is installed, one lease.sweep_interval from now or a schedule''s next occurrence if sooner.';
 
 CREATE OR REPLACE FUNCTION lease._sweep_holder(OUT pid integer, OUT since timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER

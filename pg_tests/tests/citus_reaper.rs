@@ -1,7 +1,8 @@
 // pg_tests: library only: Citus preloads beside the library on every node.
-//! What the reaper costs on a distributed install of Citus when nothing
-//! happens: one sweep per `lease.sweep_interval` on each node, each on that
-//! node's own shards, with no connection to any node.
+//! The reaper on a distributed install of Citus: what it costs when
+//! nothing happens (one sweep per `lease.sweep_interval` on each node, each
+//! on that node's own shards, with no connection to any node), and the
+//! schedules, which the coordinator's reaper runs.
 //!
 //! The tests on a Citus cluster are ignored by default: `bin/test` runs
 //! them where `bin/prereqs` could build Citus (PostgreSQL 15) and reports
@@ -10,7 +11,7 @@
 use std::time::Duration;
 
 use pg_tests::citus::CitusCluster;
-use pg_tests::{scalar, Cluster};
+use pg_tests::{eventually, scalar, Cluster};
 
 /// The sweeps `node` has run in its database so far.
 async fn sweeps(node: &Cluster) -> i64 {
@@ -96,4 +97,47 @@ async fn an_idle_distributed_install_sweeps_each_interval_on_its_own_shards() {
             "connections opened by node {id}'s processes while idle"
         );
     }
+}
+
+/// Schedules on a distributed install: the coordinator holds them, and its
+/// reaper enqueues each occurrence once, on time, into the node that holds
+/// the schedule's queue.
+///
+/// Fails on the code before: a distributed install's sweep ran no
+/// schedules, and no occurrence was ever enqueued.
+#[tokio::test]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn the_coordinator_enqueues_each_occurrence_of_a_schedule() {
+    let citus = CitusCluster::start(2, Duration::from_secs(1));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute(
+        "SELECT lease.distribute();
+         SELECT lease.create_queue('ticks');
+         SELECT lease.schedule('second', 'ticks', every => '1 second');",
+    )
+    .await
+    .expect("set up");
+    eventually(
+        &su,
+        "SELECT count(*) >= 5 FROM lease.job WHERE queue = 'ticks'",
+        Duration::from_secs(20),
+    )
+    .await;
+    let row = su
+        .query_one(
+            "SELECT count(*), count(DISTINCT next_at),
+                    extract(epoch FROM max(next_at) - min(next_at))::int,
+                    max(extract(epoch FROM created_at - next_at))::float8
+               FROM lease.job WHERE queue = 'ticks'",
+            &[],
+        )
+        .await
+        .expect("rows");
+    let (rows, times, span, worst): (i64, i64, i32, f64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(rows, times, "an occurrence enqueued twice");
+    assert_eq!(i64::from(span) + 1, rows, "an occurrence missing");
+    assert!(worst < 0.5, "an occurrence enqueued {worst:.3} s late");
+    let errors: Option<String> = scalar(&su, "SELECT last_error FROM lease.schedule").await;
+    assert_eq!(errors, None);
 }
