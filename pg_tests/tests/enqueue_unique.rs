@@ -75,9 +75,12 @@ async fn one_active_row_per_unique_key_under_concurrent_producers() {
 
     // Finished (and retained): the same unique_key is new work again;
     // `key`, by contrast, keeps answering with the retained row.
-    pg.execute("SELECT lease.release($1, 'w', $2, 'done')", &[&id, &epoch])
-        .await
-        .expect("done");
+    pg.execute(
+        "SELECT lease.release($1, 'w', $2, 'done', queue => 'reports')",
+        &[&id, &epoch],
+    )
+    .await
+    .expect("done");
     let next: i64 = scalar(
         &pg,
         "SELECT lease.enqueue('reports', '{}', unique_key => 'report-42')",
@@ -88,7 +91,7 @@ async fn one_active_row_per_unique_key_under_concurrent_producers() {
     let claimed: i64 = scalar(
         &pg,
         "SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'w', 'reports') c,
-                LATERAL lease.release(c.id, 'w', c.epoch, 'done') r",
+                LATERAL lease.release(c.id, 'w', c.epoch, 'done', queue => 'reports') r",
     )
     .await;
     assert_eq!(claimed, 2);

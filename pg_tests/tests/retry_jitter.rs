@@ -20,7 +20,7 @@ async fn a_burst_of_failures_comes_back_spread_out() {
                                        jitter => '{jitter}');
              SELECT lease.enqueue_batch('{queue}', array_fill('{{}}'::jsonb, ARRAY[200]));
              SELECT count(*) FROM lease.claim_pending(200, '1 minute', 'w', '{queue}') c,
-                    LATERAL lease.release(c.id, 'w', c.epoch, 'retry') r;"
+                    LATERAL lease.release(c.id, 'w', c.epoch, 'retry', queue => '{queue}') r;"
         ))
         .await
         .expect("a burst of failures");
