@@ -1,5 +1,6 @@
 //! What the client tests share: a connected client, a queue whose retries
-//! are claimable at once, and a row of `lease.job` read back as it is.
+//! are claimable at once, a row of `lease.job` read back as it is, and the
+//! check of a schedule's rows.
 
 use std::time::Duration;
 
@@ -66,4 +67,26 @@ pub async fn job_row(pg: &tokio_postgres::Client, id: i64) -> JobRow {
         last_error: r.get(4),
         lease_valid: r.get(5),
     }
+}
+
+/// Asserts that the rows a schedule enqueued into `queue` are its
+/// occurrences, each once, none missing between the first and the last,
+/// each enqueued less than `late` after its time; returns how many.
+pub async fn assert_occurrences(pg: &tokio_postgres::Client, queue: &str, late: f64) -> i64 {
+    let row = pg
+        .query_one(
+            "SELECT count(*), count(DISTINCT next_at),
+                    extract(epoch FROM max(next_at) - min(next_at))::int,
+                    max(extract(epoch FROM created_at - next_at))::float8
+               FROM lease.job WHERE queue = $1",
+            &[&queue],
+        )
+        .await
+        .expect("the schedule's rows");
+    let (rows, times, span, worst): (i64, i64, i32, f64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(rows, times, "an occurrence enqueued twice");
+    assert_eq!(i64::from(span) + 1, rows, "an occurrence missing");
+    assert!(worst < late, "an occurrence enqueued {worst:.3} s late");
+    rows
 }

@@ -123,21 +123,7 @@ async fn the_coordinator_enqueues_each_occurrence_of_a_schedule() {
         Duration::from_secs(20),
     )
     .await;
-    let row = su
-        .query_one(
-            "SELECT count(*), count(DISTINCT next_at),
-                    extract(epoch FROM max(next_at) - min(next_at))::int,
-                    max(extract(epoch FROM created_at - next_at))::float8
-               FROM lease.job WHERE queue = 'ticks'",
-            &[],
-        )
-        .await
-        .expect("rows");
-    let (rows, times, span, worst): (i64, i64, i32, f64) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
-    assert_eq!(rows, times, "an occurrence enqueued twice");
-    assert_eq!(i64::from(span) + 1, rows, "an occurrence missing");
-    assert!(worst < 0.5, "an occurrence enqueued {worst:.3} s late");
+    pg_tests::jobs::assert_occurrences(&su, "ticks", 0.5).await;
     let errors: Option<String> = scalar(&su, "SELECT last_error FROM lease.schedule").await;
     assert_eq!(errors, None);
 }
