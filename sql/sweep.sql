@@ -259,7 +259,8 @@ BEGIN
         -- Where Citus is, every lease.sweep_interval: on a distributed
         -- install the reads below would ask every node, and a worker node
         -- learns that it is one (lease.distribute) only from DDL, which
-        -- marks nothing due. (Due at once, each node swept back to back.)
+        -- marks nothing due. (Due at once, each node would sweep back to
+        -- back.)
         -- Schedules are the coordinator's own table, read here alone.
         RETURN least(now() + coalesce(pg_catalog.current_setting('lease.sweep_interval', true), '1s')::interval,
                      (SELECT min(s.next_at) FROM lease.schedule s));
