@@ -25,6 +25,21 @@ async fn job_distributed(client: &tokio_postgres::Client) -> bool {
     .await
 }
 
+/// A distributed install of two worker nodes, its superuser session on the
+/// coordinator, and a client of the coordinator as `app`, a lease_worker.
+async fn distributed_as_app() -> (CitusCluster, tokio_postgres::Client, Client) {
+    let citus = CitusCluster::start(2, Duration::from_millis(200));
+    let su = citus.coordinator.connect().await;
+    su.batch_execute("SELECT lease.distribute()")
+        .await
+        .expect("distribute");
+    login_role(&su, "app", "lease_worker").await;
+    let client = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "app"))
+        .await
+        .expect("app");
+    (citus, su, client)
+}
+
 /// Without Citus the call is refused and nothing changes.
 #[tokio::test]
 async fn distribute_without_citus_is_refused_and_changes_nothing() {
@@ -352,15 +367,7 @@ async fn a_worker_runs_unchanged_on_a_distributed_install() {
 #[tokio::test]
 #[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
 async fn calls_that_name_no_queue_are_refused_and_nothing_crashes() {
-    let citus = CitusCluster::start(2, Duration::from_millis(200));
-    let su = citus.coordinator.connect().await;
-    su.batch_execute("SELECT lease.distribute()")
-        .await
-        .expect("distribute");
-    login_role(&su, "app", "lease_worker").await;
-    let client = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "app"))
-        .await
-        .expect("app");
+    let (citus, su, client) = distributed_as_app().await;
     client
         .enqueue("default", &serde_json::json!({}))
         .await
@@ -451,21 +458,12 @@ async fn calls_that_name_no_queue_are_refused_and_nothing_crashes() {
 #[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
 async fn fenced_writes_hold_on_the_queues_node() {
     const JOBS: i64 = 10;
-    let citus = CitusCluster::start(2, Duration::from_millis(200));
-    let su = citus.coordinator.connect().await;
+    let (citus, su, client) = distributed_as_app().await;
     su.batch_execute(
-        "SELECT lease.distribute();
-         CREATE TABLE sent (id bigint PRIMARY KEY);",
+        "CREATE TABLE sent (id bigint PRIMARY KEY); GRANT INSERT, SELECT ON sent TO app",
     )
     .await
-    .expect("distribute");
-    login_role(&su, "app", "lease_worker").await;
-    su.batch_execute("GRANT INSERT, SELECT ON sent TO app")
-        .await
-        .expect("grant");
-    let client = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "app"))
-        .await
-        .expect("app");
+    .expect("the application's table");
     let kept = QueueOptions {
         retention: Duration::from_secs(3600),
         ..QueueOptions::default()
