@@ -32,6 +32,23 @@ RETURN CASE WHEN current_setting('role') = 'none' THEN session_user
 COMMENT ON FUNCTION lease._caller() IS
     'Internal: the role on whose behalf a SECURITY DEFINER function of pg_lease runs (SET ROLE, else session user).';
 
+CREATE FUNCTION lease._check_reader(view regclass) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT has_table_privilege(lease._caller(), view, 'SELECT') THEN
+        RAISE EXCEPTION 'permission denied for view %', view
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'lease_admin may read it; so may a role granted SELECT on it, or pg_read_all_data.';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_reader(regclass) IS
+$$Internal: raises 42501 unless the calling role may SELECT from VIEW (for the read_ functions, which read a
+view with its owner's rights).$$;
+
 -- Whether the calling role may act on QUEUE with one of RIGHTS: true; false
 -- if it holds another right on it; NULL if it holds none (a restricted queue
 -- it is not to learn of).

@@ -197,6 +197,14 @@ BEGIN
         -- the generic plan saves on a single node).
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
     END LOOP;
+    -- lease.metrics joins each queue with lease._queue_head(name), which
+    -- Citus pushes down to the node holding the queue; there the function's
+    -- reads of lease.job are queries nested in a shard's, which Citus
+    -- refuses unless allowed. They read that queue alone, on that node.
+    -- Distributed, the function keeps the setting on nodes added later.
+    PERFORM create_distributed_function('lease._queue_head(text)'::regprocedure, 'queue',
+                                        colocate_with := 'lease.queue');
+    ALTER FUNCTION lease._queue_head(text) SET citus.allow_nested_distributed_execution = on;
     PERFORM lease._assign_id_ranges();
 END
 $$;

@@ -285,3 +285,19 @@ concurrency_key; O(keys) to count), leased rows and those past expiry not yet re
 letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
 recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;
+
+CREATE FUNCTION lease.read_metrics() RETURNS SETOF lease.metrics
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.metrics');
+    RETURN QUERY
+    SELECT * FROM lease.metrics;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_metrics() IS
+$$The rows of lease.metrics for a role that may read the view, read with the view's owner's rights: on a
+distributed install the view itself fails for its readers (views.sql). Errors: 42501 the caller may not read
+lease.metrics.$$;

@@ -118,6 +118,15 @@ GRANT EXECUTE ON FUNCTION
     lease._queue_head(text)
 TO lease_admin;
 
+-- The views' readers, whoever may read them (each function checks): the
+-- views, read with their owner's rights (views.sql).
+GRANT EXECUTE ON FUNCTION
+    lease.read_metrics(),
+    lease.read_queue_stats(),
+    lease.read_in_flight(text),
+    lease.read_dead_letters(text, bigint)
+TO PUBLIC;
+
 GRANT SELECT ON lease.metrics, lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
                 lease.write_backs, lease.queue, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;

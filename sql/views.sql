@@ -1,4 +1,10 @@
 -- Observability. Times are measured with the database clock.
+--
+-- The views that read lease.job or lease.counter have a read_ function
+-- each, which answers whoever may read the view (lease._check_reader) with
+-- the view's owner's rights: on a distributed install Citus reads a view's
+-- tables on the worker nodes as the querying role, who may not read them
+-- there. The client and the CLI read through the functions.
 
 CREATE VIEW lease.queue_stats AS
 SELECT q.name AS queue,
@@ -20,6 +26,20 @@ SELECT q.name AS queue,
 COMMENT ON VIEW lease.queue_stats IS
     'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
 
+CREATE FUNCTION lease.read_queue_stats() RETURNS SETOF lease.queue_stats
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.queue_stats');
+    RETURN QUERY
+    SELECT * FROM lease.queue_stats;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_queue_stats() IS
+$$lease.read_metrics for lease.queue_stats. Errors: 42501 the caller may not read lease.queue_stats.$$;
+
 CREATE VIEW lease.in_flight AS
 SELECT j.id, j.queue, j.key, j.owner, j.epoch, j.attempt, j.lease_until,
        j.lease_until - clock_timestamp() AS remaining,
@@ -30,6 +50,26 @@ SELECT j.id, j.queue, j.key, j.owner, j.epoch, j.attempt, j.lease_until,
 COMMENT ON VIEW lease.in_flight IS
     'Leased rows with their owner, fencing epoch and remaining time (negative: expired, waiting for reap).';
 
+CREATE FUNCTION lease.read_in_flight(queue text DEFAULT NULL) RETURNS SETOF lease.in_flight
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Citus plans no parameter of an SQL function, and those of plpgsql only
+-- in a plan made for their values.
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.in_flight');
+    RETURN QUERY
+    SELECT * FROM lease.in_flight v
+     WHERE read_in_flight.queue IS NULL OR v.queue = read_in_flight.queue
+     ORDER BY v.id;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_in_flight(text) IS
+$$lease.read_metrics for lease.in_flight: its rows (of QUEUE, when given) by id. Errors: 42501 the caller may
+not read lease.in_flight.$$;
+
 CREATE VIEW lease.dead_letters AS
 SELECT j.id, j.queue, j.key, j.payload, j.attempt, j.last_error, j.finished_at
   FROM lease.job j
@@ -37,6 +77,25 @@ SELECT j.id, j.queue, j.key, j.payload, j.attempt, j.last_error, j.finished_at
 
 COMMENT ON VIEW lease.dead_letters IS
     'Rows that failed for good (outcome fail, or attempts reached max_attempts), with their last error.';
+
+CREATE FUNCTION lease.read_dead_letters(queue text DEFAULT NULL, "limit" bigint DEFAULT NULL) RETURNS SETOF lease.dead_letters
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan  -- as lease.read_in_flight
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.dead_letters');
+    RETURN QUERY
+    SELECT * FROM lease.dead_letters v
+     WHERE read_dead_letters.queue IS NULL OR v.queue = read_dead_letters.queue
+     ORDER BY v.id
+     LIMIT read_dead_letters."limit";
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_dead_letters(text, bigint) IS
+$$lease.read_metrics for lease.dead_letters: its first LIMIT rows (all when NULL; of QUEUE, when given) by id.
+Errors: 42501 the caller may not read lease.dead_letters; 2201W LIMIT negative.$$;
 
 CREATE VIEW lease.write_backs AS
 SELECT w.id, w.queue, a.rel AS "table", w.key, w.outcome, w.created_at, w.attempts, w.next_try_at, w.last_error

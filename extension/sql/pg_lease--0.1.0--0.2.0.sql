@@ -4100,6 +4100,39 @@ letters, age of the oldest ready row, how long the oldest expired lease has wait
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
 recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;
 
+CREATE FUNCTION lease._check_reader(view regclass) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT has_table_privilege(lease._caller(), view, 'SELECT') THEN
+        RAISE EXCEPTION 'permission denied for view %', view
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'lease_admin may read it; so may a role granted SELECT on it, or pg_read_all_data.';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._check_reader(regclass) IS
+$$Internal: raises 42501 unless the calling role may SELECT from VIEW (for the read_ functions, which read a
+view with its owner's rights).$$;
+
+CREATE FUNCTION lease.read_metrics() RETURNS SETOF lease.metrics
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.metrics');
+    RETURN QUERY
+    SELECT * FROM lease.metrics;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_metrics() IS
+$$The rows of lease.metrics for a role that may read the view, read with the view's owner's rights: on a
+distributed install the view itself fails for its readers (views.sql). Errors: 42501 the caller may not read
+lease.metrics.$$;
+
 CREATE OR REPLACE FUNCTION lease._checked_concurrency_key(queue text, key text) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -4297,6 +4330,59 @@ SELECT q.name AS queue,
 
 COMMENT ON VIEW lease.queue_stats IS
     'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
+
+CREATE FUNCTION lease.read_queue_stats() RETURNS SETOF lease.queue_stats
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.queue_stats');
+    RETURN QUERY
+    SELECT * FROM lease.queue_stats;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_queue_stats() IS
+$$lease.read_metrics for lease.queue_stats. Errors: 42501 the caller may not read lease.queue_stats.$$;
+
+CREATE FUNCTION lease.read_in_flight(queue text DEFAULT NULL) RETURNS SETOF lease.in_flight
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Citus plans no parameter of an SQL function, and those of plpgsql only
+-- in a plan made for their values.
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.in_flight');
+    RETURN QUERY
+    SELECT * FROM lease.in_flight v
+     WHERE read_in_flight.queue IS NULL OR v.queue = read_in_flight.queue
+     ORDER BY v.id;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_in_flight(text) IS
+$$lease.read_metrics for lease.in_flight: its rows (of QUEUE, when given) by id. Errors: 42501 the caller may
+not read lease.in_flight.$$;
+
+CREATE FUNCTION lease.read_dead_letters(queue text DEFAULT NULL, "limit" bigint DEFAULT NULL) RETURNS SETOF lease.dead_letters
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan  -- as lease.read_in_flight
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.dead_letters');
+    RETURN QUERY
+    SELECT * FROM lease.dead_letters v
+     WHERE read_dead_letters.queue IS NULL OR v.queue = read_dead_letters.queue
+     ORDER BY v.id
+     LIMIT read_dead_letters."limit";
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_dead_letters(text, bigint) IS
+$$lease.read_metrics for lease.dead_letters: its first LIMIT rows (all when NULL; of QUEUE, when given) by id.
+Errors: 42501 the caller may not read lease.dead_letters; 2201W LIMIT negative.$$;
 
 CREATE OR REPLACE VIEW lease.write_backs AS
 SELECT w.id, w.queue, a.rel AS "table", w.key, w.outcome, w.created_at, w.attempts, w.next_try_at, w.last_error
@@ -4534,6 +4620,14 @@ BEGIN
         -- the generic plan saves on a single node).
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
     END LOOP;
+    -- lease.metrics joins each queue with lease._queue_head(name), which
+    -- Citus pushes down to the node holding the queue; there the function's
+    -- reads of lease.job are queries nested in a shard's, which Citus
+    -- refuses unless allowed. They read that queue alone, on that node.
+    -- Distributed, the function keeps the setting on nodes added later.
+    PERFORM create_distributed_function('lease._queue_head(text)'::regprocedure, 'queue',
+                                        colocate_with := 'lease.queue');
+    ALTER FUNCTION lease._queue_head(text) SET citus.allow_nested_distributed_execution = on;
     PERFORM lease._assign_id_ranges();
 END
 $$;
@@ -4611,6 +4705,15 @@ GRANT EXECUTE ON FUNCTION
     lease._sweep_holder(),
     lease._queue_head(text)
 TO lease_admin;
+
+-- The views' readers, whoever may read them (each function checks): the
+-- views, read with their owner's rights (views.sql).
+GRANT EXECUTE ON FUNCTION
+    lease.read_metrics(),
+    lease.read_queue_stats(),
+    lease.read_in_flight(text),
+    lease.read_dead_letters(text, bigint)
+TO PUBLIC;
 
 GRANT SELECT ON lease.metrics, lease.reaper_stats, lease.write_backs, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;

@@ -56,7 +56,7 @@ pgrx::extension_sql_file!(
 pgrx::extension_sql_file!(
     "../../sql/metrics.sql",
     name = "metrics",
-    requires = ["schema", "concurrency"]
+    requires = ["schema", "access", "concurrency"]
 );
 pgrx::extension_sql_file!(
     "../../sql/reap.sql",
@@ -129,7 +129,11 @@ pgrx::extension_sql_file!(
         statement::own_transaction
     ]
 );
-pgrx::extension_sql_file!("../../sql/citus.sql", name = "citus", requires = ["schema"]);
+pgrx::extension_sql_file!(
+    "../../sql/citus.sql",
+    name = "citus",
+    requires = ["schema", "metrics"]
+);
 pgrx::extension_sql_file!(
     "../../sql/fence.sql",
     name = "fence",
@@ -201,6 +205,7 @@ pgrx::extension_sql_file!(
     name = "views",
     requires = [
         "schema",
+        "access",
         "outcome",
         "sweep",
         shared::reaper_slot_shortages,

@@ -72,7 +72,13 @@ async fn distribute_without_citus_is_refused_and_changes_nothing() {
 /// UPDATE, every claim failed ("must not be VOLATILE"); with that UPDATE
 /// not naming its queue, the queue's node sent it to every shard (a remote
 /// command that is no forwarded call); without `_assign_id_ranges`, a
-/// worker's ids were outside its range.
+/// worker's ids were outside its range. At the end an operator
+/// (lease_admin) reads every queue's numbers, its leases in flight and its
+/// dead letters; that failed while the client read the views themselves
+/// ("permission denied for table counter_102073": Citus reads a view's
+/// shards as the querying role), and `lease.metrics` then failed for the
+/// owner too until `distribute` allowed `_queue_head` its nested reads
+/// ("cannot execute a distributed query from a query on a shard").
 #[tokio::test]
 #[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
 async fn each_queue_lives_on_one_node_and_its_calls_go_there_whole() {
@@ -225,6 +231,40 @@ async fn each_queue_lives_on_one_node_and_its_calls_go_there_whole() {
         assert_eq!(*port, node_of[queue], "{command}");
     }
     assert_eq!(commands.len(), calls, "one command per call");
+
+    // The operator's numbers of every queue, read through the coordinator.
+    let numbers: BTreeMap<String, (i64, i64, i64, i64)> = ops
+        .metrics()
+        .await
+        .expect("metrics")
+        .into_iter()
+        .map(|m| {
+            (
+                m.queue,
+                (m.ready, m.leased, m.enqueued_total, m.claimed_total),
+            )
+        })
+        .collect();
+    let stats: BTreeMap<String, (i64, i64)> = ops
+        .queue_stats()
+        .await
+        .expect("queue_stats")
+        .into_iter()
+        .map(|s| (s.queue, (s.pending, s.leased)))
+        .collect();
+    for (q, ids) in &enqueued {
+        let n = ids.len() as i64;
+        assert_eq!(numbers.get(*q), Some(&(0, n, n, n)), "{q}: {numbers:?}");
+        assert_eq!(stats.get(*q), Some(&(0, n)), "{q}: {stats:?}");
+    }
+    let in_flight = ops.in_flight(Some("q00")).await.expect("in_flight");
+    let ids: HashSet<i64> = in_flight.iter().map(|l| l.id).collect();
+    assert_eq!(ids, enqueued["q00"]);
+    assert!(ops
+        .dead_letters(None, 10)
+        .await
+        .expect("dead_letters")
+        .is_empty());
 }
 
 /// A `Worker` with the library's defaults (a short ttl so that it renews)

@@ -191,6 +191,71 @@ async fn an_admin_reads_every_monitoring_view() {
     assert_eq!((q.ready, q.delayed), (1, 1), "{q:?}");
 }
 
+/// The views' read_ functions (what the client and the CLI read) answer
+/// exactly the roles that may read the view itself: lease_admin, a role
+/// with `pg_read_all_data`, a role granted SELECT on that one view; a
+/// lease_worker and a role with only CREATEDB get 42501 and no rows.
+///
+/// Fails on the code that granted them to lease_admin alone: the read-only
+/// role that could read `lease.metrics` could no longer load the
+/// dashboard (found by its suite, `a_role_without_the_grant_sees_the_refusal`).
+#[tokio::test]
+async fn the_read_functions_answer_whoever_may_read_the_view() {
+    let cluster = Cluster::start();
+    cluster.psql(
+        TEST_DB,
+        "CREATE ROLE ops LOGIN IN ROLE lease_admin;
+         CREATE ROLE viewer LOGIN IN ROLE pg_read_all_data;
+         CREATE ROLE gauge LOGIN;
+         GRANT USAGE ON SCHEMA lease TO gauge; GRANT SELECT ON lease.metrics TO gauge;
+         CREATE ROLE w LOGIN IN ROLE lease_worker;
+         CREATE ROLE nosy LOGIN CREATEDB;
+         SELECT lease.create_queue('q');
+         SELECT lease.enqueue('q', '{}');",
+    );
+    let reads = [
+        ("lease.metrics", "SELECT count(*) FROM lease.read_metrics()"),
+        (
+            "lease.queue_stats",
+            "SELECT count(*) FROM lease.read_queue_stats()",
+        ),
+        (
+            "lease.in_flight",
+            "SELECT count(*) FROM lease.read_in_flight('q')",
+        ),
+        (
+            "lease.dead_letters",
+            "SELECT count(*) FROM lease.read_dead_letters(NULL, 10)",
+        ),
+    ];
+    for role in ["ops", "viewer", "gauge", "w", "nosy"] {
+        let pg = cluster.connect_to(TEST_DB, role).await;
+        for (view, read) in reads {
+            let may = match role {
+                "ops" | "viewer" => true,
+                "gauge" => view == "lease.metrics",
+                _ => false,
+            };
+            match pg.query_one(read, &[]).await {
+                Ok(_) => assert!(may, "{role} read {view}"),
+                Err(e) => {
+                    assert!(!may, "{role} reading {view}: {e:?}");
+                    assert_eq!(
+                        e.code(),
+                        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+                        "{role}, {view}: {e:?}"
+                    );
+                }
+            }
+        }
+    }
+    let gauge = Client::connect(&conn(&cluster, "gauge"))
+        .await
+        .expect("gauge");
+    let metrics = gauge.metrics().await.expect("metrics as its reader");
+    assert!(metrics.iter().any(|m| m.queue == "q" && m.ready == 1));
+}
+
 /// `Client::jobs` pages by id (each page starts after the last id of the
 /// one before) and finds a key through its queue; a key without a queue is
 /// refused before anything is sent. New with the dashboard's paging.

@@ -84,7 +84,8 @@ impl Client {
         .await
     }
 
-    /// `lease.queue_stats`, one entry per queue. Needs `lease_admin`.
+    /// `lease.queue_stats` (read through `lease.read_queue_stats()`), one
+    /// entry per queue. Needs `lease_admin`.
     pub async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
         self.call(|c| async move {
             let rows = c.query(Query::QueueStats, &[]).await?;
@@ -108,9 +109,10 @@ impl Client {
         .await
     }
 
-    /// `lease.metrics`, one entry per queue: gauges and monotonic totals at
-    /// a cost that does not grow with the number of rows (cheap enough to
-    /// poll from a metrics exporter). Needs `lease_admin`.
+    /// `lease.metrics` (read through `lease.read_metrics()`), one entry per
+    /// queue: gauges and monotonic totals at a cost that does not grow with
+    /// the number of rows (cheap enough to poll from a metrics exporter).
+    /// Needs `lease_admin`.
     pub async fn metrics(&self) -> Result<Vec<QueueMetrics>> {
         self.call(|c| async move {
             let rows = c.query(Query::Metrics, &[]).await?;
@@ -140,8 +142,8 @@ impl Client {
         .await
     }
 
-    /// `lease.in_flight`: leased rows, of one queue or all. Needs
-    /// `lease_admin`.
+    /// `lease.in_flight` (read through `lease.read_in_flight`): leased rows,
+    /// of one queue or all. Needs `lease_admin`.
     pub async fn in_flight(&self, queue: Option<&str>) -> Result<Vec<InFlight>> {
         self.call(|c| async move {
             let rows = c.query(Query::InFlight, &[&queue]).await?;
@@ -187,7 +189,8 @@ impl Client {
         .await
     }
 
-    /// `lease.dead_letters`: up to `limit` dead rows (oldest id first), of
+    /// `lease.dead_letters` (read through `lease.read_dead_letters`): up to
+    /// `limit` dead rows (oldest id first), of
     /// one queue or all, payloads included
     /// ([`Client::dead_letter_summaries`] leaves them out). Needs
     /// `lease_admin`.

@@ -314,7 +314,7 @@ impl Query {
             S::QueueStats => concat!(
                 "SELECT queue, pending, ready, leased, expired, done, dead, cancelled, ",
                 as_micros!("oldest_ready_age"),
-                ", recovered_total FROM lease.queue_stats ORDER BY queue"
+                ", recovered_total FROM lease.read_queue_stats() ORDER BY queue"
             ),
             S::Metrics => concat!(
                 "SELECT queue, ready, delayed, leased, expired, dead, ",
@@ -322,13 +322,12 @@ impl Query {
                 ", ",
                 as_micros!("reap_lag"),
                 ", enqueued_total, claimed_total, done_total, retried_total, dead_total, ",
-                "cancelled_total, recovered_total, held FROM lease.metrics ORDER BY queue"
+                "cancelled_total, recovered_total, held FROM lease.read_metrics() ORDER BY queue"
             ),
             S::InFlight => concat!(
                 "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
                 as_micros!("remaining"),
-                ", cancel_requested FROM lease.in_flight ",
-                "WHERE $1::text IS NULL OR queue = $1::text ORDER BY id"
+                ", cancel_requested FROM lease.read_in_flight($1::text) ORDER BY id"
             ),
             S::Holders => concat!(
                 "SELECT name, owner, epoch, acquired_at, lease_until, ",
@@ -348,8 +347,7 @@ impl Query {
             S::Revoke => "SELECT lease.revoke(queue => $1::text, role => $2::text::regrole)",
             S::DeadLetters => concat!(
                 "SELECT id, queue, key, payload, attempt, last_error, finished_at ",
-                "FROM lease.dead_letters WHERE $1::text IS NULL OR queue = $1::text ",
-                "ORDER BY id LIMIT $2::bigint"
+                "FROM lease.read_dead_letters($1::text, $2::bigint) ORDER BY id"
             ),
             S::ReaperStats => concat!(
                 "SELECT database::text, sweeps, recovered, purged, last_sweep_at, ",
