@@ -159,6 +159,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     fixed bigint;
+    qn text;
 BEGIN
     -- The gauges as the rows say, against the counters; a queue lock keeps
     -- writers out while both are read.
@@ -193,7 +194,11 @@ BEGIN
       FROM lease.job j
      WHERE j.concurrency_key IS NOT NULL AND j.state IN ('pending', 'leased')
      GROUP BY j.queue, j.concurrency_key;
-    PERFORM lease._top_up_slots();
+    -- Queue by queue: a distributed install (citus.sql) locks rows of one
+    -- shard at a time.
+    FOR qn IN SELECT qu.name FROM lease.queue qu ORDER BY qu.name LOOP
+        PERFORM lease._top_up_slots(qn);
+    END LOOP;
     -- Rows made pending by hand may be before a queue's head (head.sql):
     -- claims start from the start again until the next sweep.
     UPDATE lease.queue q

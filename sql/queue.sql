@@ -120,10 +120,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- Checked first: on a distributed install Citus would send the check
+    -- inside the read below to the queue's node, where its own read of
+    -- lease.queue is a refused nested query.
+    qn constant text := lease._checked_queue(purge_dead.queue);
     q lease.queue;
     removed bigint;
 BEGIN
-    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease._checked_queue(purge_dead.queue);
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = qn;
     IF q.attached THEN
         -- Its dead rows go when their table rows stop matching; deleting
         -- them now would make those rows claimable again.

@@ -167,11 +167,26 @@ COMMENT ON FUNCTION lease._purge(integer, text) IS
 $$Internal: lease.purge, of ONLY_QUEUE when it is not NULL.$$;
 
 CREATE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT lease._purge(max_rows, NULL);
-END;
+AS $$
+DECLARE
+    qn text;
+    removed bigint := 0;
+BEGIN
+    IF NOT lease._distributed() THEN
+        RETURN lease._purge(max_rows, NULL);
+    END IF;
+    -- Citus locks rows (FOR UPDATE SKIP LOCKED) only on one shard: queue by
+    -- queue, as each node's reaper purges.
+    PERFORM lease._checked_limit(max_rows);
+    FOR qn IN SELECT qu.name FROM lease.queue qu ORDER BY qu.name LOOP
+        EXIT WHEN removed >= max_rows;
+        removed := removed + lease._purge((max_rows - removed)::integer, qn);
+    END LOOP;
+    RETURN removed;
+END
+$$;
 
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention

@@ -1013,11 +1013,26 @@ COMMENT ON FUNCTION lease._purge(integer, text) IS
 $$Internal: lease.purge, of ONLY_QUEUE when it is not NULL.$$;
 
 CREATE OR REPLACE FUNCTION lease.purge(max_rows integer DEFAULT 1000) RETURNS bigint
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-BEGIN ATOMIC
-    SELECT lease._purge(max_rows, NULL);
-END;
+AS $$
+DECLARE
+    qn text;
+    removed bigint := 0;
+BEGIN
+    IF NOT lease._distributed() THEN
+        RETURN lease._purge(max_rows, NULL);
+    END IF;
+    -- Citus locks rows (FOR UPDATE SKIP LOCKED) only on one shard: queue by
+    -- queue, as each node's reaper purges.
+    PERFORM lease._checked_limit(max_rows);
+    FOR qn IN SELECT qu.name FROM lease.queue qu ORDER BY qu.name LOOP
+        EXIT WHEN removed >= max_rows;
+        removed := removed + lease._purge((max_rows - removed)::integer, qn);
+    END LOOP;
+    RETURN removed;
+END
+$$;
 
 COMMENT ON FUNCTION lease.purge(integer) IS
 $$Deletes up to MAX_ROWS finished rows older than their queue's retention (done rows) or dead_retention
@@ -3792,10 +3807,14 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- Checked first: on a distributed install Citus would send the check
+    -- inside the read below to the queue's node, where its own read of
+    -- lease.queue is a refused nested query.
+    qn constant text := lease._checked_queue(purge_dead.queue);
     q lease.queue;
     removed bigint;
 BEGIN
-    SELECT * INTO q FROM lease.queue qu WHERE qu.name = lease._checked_queue(purge_dead.queue);
+    SELECT * INTO q FROM lease.queue qu WHERE qu.name = qn;
     IF q.attached THEN
         -- Its dead rows go when their table rows stop matching; deleting
         -- them now would make those rows claimable again.
@@ -3976,6 +3995,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     fixed bigint;
+    qn text;
 BEGIN
     -- The gauges as the rows say, against the counters; a queue lock keeps
     -- writers out while both are read.
@@ -4010,7 +4030,11 @@ BEGIN
       FROM lease.job j
      WHERE j.concurrency_key IS NOT NULL AND j.state IN ('pending', 'leased')
      GROUP BY j.queue, j.concurrency_key;
-    PERFORM lease._top_up_slots();
+    -- Queue by queue: a distributed install (citus.sql) locks rows of one
+    -- shard at a time.
+    FOR qn IN SELECT qu.name FROM lease.queue qu ORDER BY qu.name LOOP
+        PERFORM lease._top_up_slots(qn);
+    END LOOP;
     -- Rows made pending by hand may be before a queue's head (head.sql):
     -- claims start from the start again until the next sweep.
     UPDATE lease.queue q

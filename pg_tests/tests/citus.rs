@@ -603,3 +603,86 @@ async fn fenced_writes_hold_on_the_queues_node() {
     );
     assert_eq!(scalar::<i64>(&su, "SELECT count(*) FROM sent").await, JOBS);
 }
+
+/// An operator's housekeeping on a distributed install, as a `lease_admin`
+/// through the coordinator: `purge_dead` of one queue, `purge` of every
+/// queue's finished rows past their retention, and `recount` (with a
+/// held row of a concurrency key) all answer, and leave what they should.
+///
+/// Fails on the code before: `purge_dead` checked its queue inside a read
+/// that Citus sent to the queue's node ("cannot execute a distributed query
+/// from a query on a shard"), and `purge` and `recount` locked rows of
+/// every shard in one statement ("could not run distributed query with
+/// FOR UPDATE/SHARE commands").
+#[tokio::test]
+#[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
+async fn an_operators_housekeeping_runs_on_a_distributed_install() {
+    let (citus, su, app) = distributed_as_app().await;
+    login_role(&su, "ops", "lease_admin").await;
+    let ops = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "ops"))
+        .await
+        .expect("ops");
+    let gone_at_once = QueueOptions {
+        dead_retention: Duration::ZERO,
+        max_attempts: 1,
+        ..QueueOptions::default()
+    };
+    let keyed = QueueOptions {
+        concurrency: Some(1),
+        ..QueueOptions::default()
+    };
+    for (q, options) in [
+        ("kept", QueueOptions::default()),
+        ("swept", gone_at_once),
+        ("keyed", keyed),
+    ] {
+        ops.create_queue(q, &options).await.expect("create_queue");
+    }
+    for q in ["kept", "swept"] {
+        for i in 0..3 {
+            app.enqueue(q, &serde_json::json!({ "i": i }))
+                .await
+                .expect("enqueue");
+        }
+        for claim in app
+            .claim(3, Duration::from_secs(60), "w", q)
+            .await
+            .expect("claim")
+        {
+            app.release(&claim.lease, &Outcome::fail("no"))
+                .await
+                .expect("fail");
+        }
+    }
+    for i in 0..2 {
+        app.enqueue_with(
+            "keyed",
+            &serde_json::json!({ "i": i }),
+            &pg_lease_client::EnqueueOptions {
+                concurrency_key: Some("k".to_owned()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("enqueue keyed");
+    }
+
+    assert_eq!(ops.purge_dead("kept").await.expect("purge_dead"), 3);
+    // The nodes' reapers purge too: whoever comes first, they go.
+    ops.purge(1000).await.expect("purge");
+    eventually(
+        &su,
+        "SELECT count(*) = 0 FROM lease.job WHERE queue IN ('kept', 'swept')",
+        Duration::from_secs(10),
+    )
+    .await;
+    let ops_sql = citus.coordinator.connect_to(TEST_DB, "ops").await;
+    let fixed: i64 = scalar(&ops_sql, "SELECT lease.recount()").await;
+    assert_eq!(fixed, 0, "the counters were right");
+    let held: i64 = scalar(
+        &su,
+        "SELECT count(*) FILTER (WHERE held) FROM lease.job WHERE queue = 'keyed'",
+    )
+    .await;
+    assert_eq!(held, 1, "one of the key's two rows waits for its slot");
+}
