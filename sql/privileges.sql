@@ -53,6 +53,7 @@ GRANT EXECUTE ON FUNCTION
     lease.fenced_update(bigint, bigint, jsonb, text),
     lease.fence(bigint, bigint, text),
     lease.cancel(bigint, text),
+    lease.queue_of(bigint),
     lease.try_acquire(text, text, interval),
     lease.renew_named(text, text, bigint, interval),
     lease.release_named(text, text, bigint),

@@ -1634,28 +1634,35 @@ AS $$
 DECLARE
     -- Taken once: Citus allows no VOLATILE function in an UPDATE.
     t constant timestamptz := clock_timestamp();
+    qn text := cancel.queue;
     result text;
     q text;
     ck text;
     was_held boolean;
 BEGIN
-    -- Only the queue can route a call on a distributed install.
-    IF cancel.queue IS NULL THEN
-        PERFORM lease._refuse_if_distributed('lease.cancel without its queue');
+    PERFORM lease._checked_not_null(id, 'id');
+    -- On a distributed install a call reaches here without its queue only
+    -- unforwarded, on the coordinator (lease.queue_of(id) as the queue, or a
+    -- NULL Citus could not see coming): find the row's node there.
+    IF qn IS NULL AND lease._distributed() THEN
+        qn := (SELECT j.queue FROM lease.job j WHERE j.id = cancel.id);
+        IF qn IS NULL THEN
+            RETURN NULL;
+        END IF;
     END IF;
-    PERFORM lease._checked_not_null(id, 'id'), lease._check_rows(ARRAY[id], '{produce,work}', cancel.queue);
+    PERFORM lease._check_rows(ARRAY[id], '{produce,work}', qn);
     UPDATE lease.job j
        SET cancel_requested = true,
            state = CASE WHEN j.state = 'pending' THEN 'cancelled' ELSE j.state END,
            finished_at = CASE WHEN j.state = 'pending' THEN t ELSE j.finished_at END
-     WHERE j.id = cancel.id AND (cancel.queue IS NULL OR j.queue = cancel.queue)
+     WHERE j.id = cancel.id AND (qn IS NULL OR j.queue = qn)
        AND j.state IN ('pending', 'leased')
     RETURNING CASE WHEN j.state = 'cancelled' THEN 'cancelled' ELSE 'cancel_requested' END, j.queue,
               j.concurrency_key, j.held
       INTO result, q, ck, was_held;
     IF result IS NULL THEN
         SELECT j.state::text INTO result FROM lease.job j
-         WHERE j.id = cancel.id AND (cancel.queue IS NULL OR j.queue = cancel.queue);
+         WHERE j.id = cancel.id AND (qn IS NULL OR j.queue = qn);
     ELSE
         IF result = 'cancelled' THEN
             PERFORM lease._count(q, cancelled => 1, pending => -1);
@@ -1675,9 +1682,29 @@ $$Cancels row ID. A pending row becomes cancelled at once ('cancelled'). A lease
 but is marked ('cancel_requested'): its owner sees the flag on renew, and a retry, abandon or
 expiry ends it as cancelled, never pending again. A finished row is left alone and its state is
 returned ('done', 'dead', 'cancelled'); NULL means no such row (in QUEUE, when given: QUEUE also routes
-the call on a distributed install). Errors: 22004 id NULL; 42501 the row's
-queue is restricted and the caller may neither produce into nor work it; 0A000 a distributed install and
-no QUEUE.$$;
+the call on a distributed install, where a NULL written or bound is refused: give lease.queue_of(ID)
+instead, and the call runs on the coordinator). Errors: 22004 id NULL, or QUEUE NULL as a constant or
+parameter on a distributed install; 42501 the row's queue is restricted and the caller may neither produce
+into nor work it.$$;
+
+CREATE FUNCTION lease.queue_of(id bigint) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q constant text := (SELECT j.queue FROM lease.job j WHERE j.id = queue_of.id);
+BEGIN
+    -- A restricted queue the caller holds no right on stays unnamed.
+    IF q IS NULL OR NOT coalesce(lease._access(q, '{produce,work}'), false) THEN
+        RETURN NULL;
+    END IF;
+    RETURN q;
+END
+$$;
+
+COMMENT ON FUNCTION lease.queue_of(bigint) IS
+$$The queue of row ID; NULL if there is no such row, or its queue is restricted and the caller may neither
+produce into nor work it. For calls by id on a distributed install: lease.cancel(ID, lease.queue_of(ID)).$$;
 
 CREATE OR REPLACE FUNCTION lease.cancel_key(queue text, key text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -4688,6 +4715,7 @@ GRANT EXECUTE ON FUNCTION
     lease.fenced_update(bigint, bigint, jsonb, text),
     lease.fence(bigint, bigint, text),
     lease.cancel(bigint, text),
+    lease.queue_of(bigint),
     lease.bind_session(text, text),
     lease.release_named_batch(text[], text, bigint[]),
     lease.release_named(text[], text, bigint[]),

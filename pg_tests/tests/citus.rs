@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use pg_lease_client::{Client, Outcome, QueueOptions, Worker, WorkerConfig};
+use pg_lease_client::{CancelResult, Client, Error, Outcome, QueueOptions, Worker, WorkerConfig};
 use pg_tests::citus::{login_role, remote_commands, CitusCluster};
 use pg_tests::workers::{spawn, stop};
 use pg_tests::{eventually, scalar, sqlstate, Cluster, TEST_DB};
@@ -604,19 +604,22 @@ async fn fenced_writes_hold_on_the_queues_node() {
     assert_eq!(scalar::<i64>(&su, "SELECT count(*) FROM sent").await, JOBS);
 }
 
-/// An operator's housekeeping on a distributed install, as a `lease_admin`
-/// through the coordinator: `purge_dead` of one queue, `purge` of every
-/// queue's finished rows past their retention, and `recount` (with a
-/// held row of a concurrency key) all answer, and leave what they should.
+/// Calls that name no single queue to forward to run on the coordinator of
+/// a distributed install: an operator's (a `lease_admin`) `purge_dead` of
+/// one queue, `purge` of every queue's finished rows past their retention
+/// and `recount` (with a held row of a concurrency key), and a producer's
+/// cancel by id alone (`Client::cancel`): a pending row is cancelled, a
+/// leased one marked, an unknown id not found, and a row of a restricted
+/// queue the producer holds no right on refused (42501).
 ///
 /// Fails on the code before: `purge_dead` checked its queue inside a read
 /// that Citus sent to the queue's node ("cannot execute a distributed query
-/// from a query on a shard"), and `purge` and `recount` locked rows of
-/// every shard in one statement ("could not run distributed query with
-/// FOR UPDATE/SHARE commands").
+/// from a query on a shard"), `purge` and `recount` locked rows of every
+/// shard in one statement ("could not run distributed query with FOR
+/// UPDATE/SHARE commands"), and `Client::cancel` sent a NULL queue (22004).
 #[tokio::test]
 #[ignore = "needs Citus: bin/test runs it where bin/prereqs built Citus"]
-async fn an_operators_housekeeping_runs_on_a_distributed_install() {
+async fn calls_that_forward_to_no_one_queue_run_on_the_coordinator() {
     let (citus, su, app) = distributed_as_app().await;
     login_role(&su, "ops", "lease_admin").await;
     let ops = Client::connect(&citus.coordinator.conn_string_as(TEST_DB, "ops"))
@@ -685,4 +688,50 @@ async fn an_operators_housekeeping_runs_on_a_distributed_install() {
     )
     .await;
     assert_eq!(held, 1, "one of the key's two rows waits for its slot");
+
+    let leased = app
+        .enqueue("kept", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
+    let pending = app
+        .enqueue("kept", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
+    let claimed = app
+        .claim(1, Duration::from_secs(60), "w", "kept")
+        .await
+        .expect("claim");
+    assert_eq!(claimed[0].lease.id(), leased);
+    ops.create_queue("private", &QueueOptions::default())
+        .await
+        .expect("create_queue");
+    let private = ops
+        .enqueue("private", &serde_json::json!({}))
+        .await
+        .expect("enqueue");
+    su.batch_execute("CREATE ROLE other; SELECT lease.grant('private', 'other')")
+        .await
+        .expect("restrict");
+    assert_eq!(
+        app.cancel(leased).await.expect("cancel leased"),
+        CancelResult::CancelRequested
+    );
+    assert_eq!(
+        app.cancel(pending).await.expect("cancel pending"),
+        CancelResult::Cancelled
+    );
+    assert_eq!(
+        app.cancel(private + 1_000_000)
+            .await
+            .expect("cancel unknown"),
+        CancelResult::NotFound
+    );
+    let err = app.cancel(private).await.expect_err("not its queue");
+    assert!(matches!(err, Error::PermissionDenied(_)), "{err:?}");
+    let state: String = scalar(
+        &su,
+        &format!("SELECT state::text FROM lease.job WHERE id = {private}"),
+    )
+    .await;
+    assert_eq!(state, "pending");
 }

@@ -280,7 +280,10 @@ impl Query {
             S::FencedUpdate => {
                 "SELECT lease.fenced_update(id => $1::bigint, epoch => $2::bigint, patch => $3::jsonb, queue => $4::text)"
             }
-            S::Cancel => "SELECT lease.cancel(id => $1::bigint)",
+            // The queue named by an expression: a distributed install then runs
+            // the call on its coordinator, where the row is found (a NULL
+            // constant there is refused; Citus forwards constants only).
+            S::Cancel => "SELECT lease.cancel(id => $1::bigint, queue => lease.queue_of($1::bigint))",
             S::TryAcquire => concat!(
                 "SELECT lease.try_acquire(name => $1::text, owner => $2::text, ttl => ",
                 micros!("3"),
