@@ -8,8 +8,8 @@ use tokio_postgres::Client;
 pub async fn claim_and_release(pg: &Client, limit: i32, times: usize) {
     for _ in 0..times {
         pg.execute(
-            "SELECT lease.release_batch(array_agg(id), 'w', array_agg(epoch))
-               FROM lease.claim_pending($1, '1 minute', 'w')",
+            "SELECT lease.release_batch(array_agg(id), 'w', array_agg(epoch), queue => 'default')
+               FROM lease.claim_pending($1, '1 minute', 'w', 'default')",
             &[&limit],
         )
         .await

@@ -318,6 +318,12 @@ impl Cluster {
         (client, rx)
     }
 
+    /// The worker nodes of a distributed install ([`citus_install_mode`]);
+    /// none on a single node.
+    pub fn nodes(&self) -> &[Cluster] {
+        &self.nodes
+    }
+
     /// Contents of the server's `server.log`, for assertions on logged
     /// messages and for debugging; a placeholder text if it cannot be read.
     pub fn server_log(&self) -> String {
