@@ -68,12 +68,24 @@ mod tests {
             unpinned, None,
             "SECURITY DEFINER functions without a pinned search_path"
         );
-        let public = text(
+        // The views' readers (views.sql) are PUBLIC's: each checks that its
+        // caller may read the view it returns.
+        let readers = "ARRAY['lease.read_metrics()', 'lease.read_queue_stats()',
+                             'lease.read_in_flight(text)', 'lease.read_dead_letters(text, bigint)']::regprocedure[]";
+        let public = text(&format!(
             "SELECT string_agg(p.oid::regprocedure::text, ', ')
                FROM pg_proc p
               WHERE p.pronamespace = 'lease'::regnamespace
-                AND has_function_privilege('public', p.oid, 'EXECUTE')",
-        );
+                AND has_function_privilege('public', p.oid, 'EXECUTE')
+                AND p.oid <> ALL ({readers})"
+        ));
         assert_eq!(public, None, "functions executable by PUBLIC");
+        let unchecked = text(&format!(
+            "SELECT string_agg(p.oid::regprocedure::text, ', ')
+               FROM pg_proc p JOIN pg_type t ON t.oid = p.prorettype
+              WHERE p.oid = ANY ({readers})
+                AND position(format('PERFORM lease._check_reader(''lease.%s'')', t.typname) IN p.prosrc) = 0"
+        ));
+        assert_eq!(unchecked, None, "readers that do not check their caller");
     }
 }
