@@ -38,7 +38,7 @@ pub enum CliError {
     #[error("{}; this needs {needs}", client_reason(.source))]
     NotAllowed {
         /// The grant that is missing.
-        needs: &'static str,
+        needs: String,
         /// What the server said.
         #[source]
         source: pg_lease_client::Error,
@@ -118,7 +118,7 @@ impl CliError {
 
     /// A failed command's error in the command's terms: no pg_lease here
     /// (3F000, 42P01), or a grant missing (42501, naming `needs`).
-    pub fn of_command(self, needs: &'static str) -> CliError {
+    pub fn of_command(self, needs: String) -> CliError {
         match self {
             CliError::Client(e) => match e.sqlstate() {
                 Some("3F000" | "42P01") => CliError::NotInstalled(e),

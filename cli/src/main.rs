@@ -60,6 +60,7 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
         Command::Install => commands::install(&target, out).await,
         Command::Upgrade => commands::upgrade(&target, out).await,
         command => {
+            let role = target.config.get_user().map(str::to_owned);
             // Unprepared: a command sends a few statements once, and through
             // a transaction-mode pooler a prepared one outlives the
             // transaction on a connection other clients get next (42P05).
@@ -87,7 +88,7 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
                 };
                 return ui::serve(client, target.shown, options).await;
             }
-            let needs = needs(&command);
+            let needs = needs(&command, role.as_deref());
             commands::run(&client, command, out)
                 .await
                 .map_err(|e| e.of_command(needs))
@@ -95,12 +96,44 @@ async fn run(cli: Cli) -> Result<Done, CliError> {
     }
 }
 
-/// The grant a command needs, for the message of a refusal (42501).
-fn needs(command: &Command) -> &'static str {
+/// The grant a command needs, for the message of a refusal (42501), to
+/// `role`, the role that connected.
+fn needs(command: &Command, role: Option<&str>) -> String {
+    let role = role.map_or_else(|| "your_role".to_owned(), identifier);
     match command {
-        Command::Cancel { .. } => {
-            "lease_worker, and on a restricted queue a grant of it: SELECT lease.grant(queue, role)"
-        }
-        _ => "the role lease_admin: GRANT lease_admin TO role",
+        Command::Cancel { .. } => format!(
+            "lease_worker, and on a restricted queue a grant of it: \
+             GRANT lease_worker TO {role}; SELECT lease.grant('the queue', '{role}')"
+        ),
+        _ => format!("the role lease_admin: GRANT lease_admin TO {role}"),
+    }
+}
+
+/// `name` as an SQL identifier: bare when it would read back the same,
+/// else double-quoted.
+fn identifier(name: &str) -> String {
+    let bare = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if bare {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::identifier;
+
+    #[test]
+    fn a_role_is_named_as_sql_reads_it_back() {
+        assert_eq!(identifier("nobody"), "nobody");
+        assert_eq!(identifier("_ops2"), "_ops2");
+        assert_eq!(identifier("Ops"), "\"Ops\"");
+        assert_eq!(identifier("app-1"), "\"app-1\"");
+        assert_eq!(identifier("a\"b"), "\"a\"\"b\"");
+        assert_eq!(identifier("2x"), "\"2x\"");
     }
 }

@@ -31,8 +31,9 @@ impl Snapshot {
         let queues = client.queue_stats().await?;
         let reaper = match client.reaper_stats().await {
             Ok(r) => Ok(r),
-            // In 0.2.0 the view calls two functions that lease_admin, who
-            // may read it, may not execute: the rest is still worth showing.
+            // A role that may read the view but not execute the functions
+            // it calls (pg_read_all_data alone): the rest is still worth
+            // showing.
             Err(e @ pg_lease_client::Error::PermissionDenied(_)) => {
                 Err(CliError::Client(e).to_string())
             }
