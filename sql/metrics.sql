@@ -267,7 +267,8 @@ SELECT q.name AS queue,
        coalesce(c.died, 0)      AS dead_total,
        coalesce(c.cancelled, 0) AS cancelled_total,
        q.recovered_total,
-       coalesce(k.held, 0) AS held
+       coalesce(k.held, 0) AS held,
+       q.paused
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -289,7 +290,8 @@ reached), delayed rows (pending, next_at later), held rows (pending, waiting for
 concurrency_key; O(keys) to count), leased rows and those past expiry not yet reaped, dead
 letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
-recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;
+recovered by reap), and whether the queue is paused (lease.pause: claims take none of its rows).
+Totals and gauges change only when a transaction that moved rows commits.$$;
 
 CREATE FUNCTION lease.read_metrics() RETURNS SETOF lease.metrics
 LANGUAGE plpgsql STABLE SECURITY DEFINER

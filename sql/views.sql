@@ -18,13 +18,14 @@ SELECT q.name AS queue,
        clock_timestamp() - min(j.next_at) FILTER (WHERE j.state = 'pending' AND NOT j.held
                                                     AND j.next_at <= clock_timestamp())
                                                                                         AS oldest_ready_age,
-       q.recovered_total
+       q.recovered_total,
+       q.paused
   FROM lease.queue q
   LEFT JOIN lease.job j ON j.queue = q.name
- GROUP BY q.name, q.recovered_total;
+ GROUP BY q.name, q.recovered_total, q.paused;
 
 COMMENT ON VIEW lease.queue_stats IS
-    'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
+    'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, leases recovered by reap so far, and whether the queue is paused (lease.pause: claims take none of its rows).';
 
 CREATE FUNCTION lease.read_queue_stats() RETURNS SETOF lease.queue_stats
 LANGUAGE plpgsql STABLE SECURITY DEFINER

@@ -260,6 +260,36 @@ async fn actions_change_the_database_and_need_this_servers_token() {
     .await;
     b.follow("form[action='/actions/cancel-key'] button").await;
     assert_eq!(state(&pg, by_key).await, "cancelled");
+    // A key with no row: said so in words (it read "there is no the row of
+    // key ..." before).
+    b.goto(&ui.url("/queues/emails")).await;
+    b.type_into("form[action='/actions/cancel-key'] input[name=key]", "nope")
+        .await;
+    b.follow("form[action='/actions/cancel-key'] button").await;
+    let missing = b.text("main").await;
+    assert!(
+        missing.contains("emails has no row of key \"nope\""),
+        "{missing}"
+    );
+
+    // Pause a queue from its page: the queues table and the queue page say
+    // so, claims get nothing, and the same page resumes it. Failed first:
+    // neither page showed a paused queue, and there was no such action.
+    b.goto(&ui.url("/queues/bulk")).await;
+    assert_eq!(b.count(".badge.paused").await, 0);
+    b.follow("form[action='/actions/pause'] button").await;
+    assert!(b.text("p.done").await.starts_with("Paused bulk"));
+    let paused = "SELECT paused FROM lease.queue WHERE name = 'bulk'";
+    assert!(scalar::<bool>(&pg, paused).await);
+    b.goto(&ui.url("/")).await;
+    assert_eq!(b.text("tr[data-queue=bulk] .badge").await, "paused");
+    assert_eq!(b.count("tr[data-queue=emails] .badge").await, 0);
+    b.goto(&ui.url("/queues/bulk")).await;
+    assert_eq!(b.text("h1 .badge.paused").await, "paused");
+    b.screenshot("queue_paused").await;
+    b.follow("form[action='/actions/resume'] button").await;
+    assert!(b.text("p.done").await.starts_with("Resumed bulk"));
+    assert!(!scalar::<bool>(&pg, paused).await);
 
     // Purge the dead letters of bulk (the one above): the box must be ticked.
     let unticked = b

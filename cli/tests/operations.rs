@@ -74,9 +74,11 @@ async fn schedules_and_requeue_all() {
 }
 
 /// `pause` stops claims of a queue and `resume` restarts them; doing
-/// either twice exits 1 and changes nothing.
+/// either twice exits 1 and changes nothing. `queues`, `stats` and
+/// `status`, as text and JSON, say which queue is paused.
 ///
-/// Failed before: the commands and `lease.pause` did not exist.
+/// Failed before: the commands and `lease.pause` did not exist; then no
+/// listing showed a paused queue (a paused backlog looked healthy).
 #[tokio::test]
 async fn pause_and_resume_a_queue() {
     let cluster = Cluster::start();
@@ -95,6 +97,30 @@ async fn pause_and_resume_a_queue() {
     assert_exit(&pg_lease(&url, &["pause", "mail"]), 0);
     assert_exit(&pg_lease(&url, &["pause", "mail"]), 1);
     assert_eq!(claimable().await, 0, "a paused queue gives no rows");
+    pg.batch_execute("SELECT lease.create_queue('news')")
+        .await
+        .expect("a running queue beside it");
+    let paused = |rows: &serde_json::Value, queue: &str| {
+        rows.as_array()
+            .and_then(|a| a.iter().find(|q| q["queue"] == queue))
+            .and_then(|q| q["paused"].as_bool())
+    };
+    for command in ["queues", "stats"] {
+        let rows = pg_lease_json(&url, &[command]);
+        assert_eq!(paused(&rows, "mail"), Some(true), "{command}: {rows}");
+        assert_eq!(paused(&rows, "news"), Some(false), "{command}: {rows}");
+        let text = stdout(&pg_lease(&url, &[command]));
+        let line = |q: &str| {
+            text.lines()
+                .find(|l| l.starts_with(q))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(line("mail").contains("paused"), "{command}: {text}");
+        assert!(line("news").contains("running"), "{command}: {text}");
+    }
+    let status = pg_lease_json(&url, &["status"]);
+    assert_eq!(paused(&status["queues"], "mail"), Some(true), "{status}");
     assert_exit(&pg_lease(&url, &["resume", "mail"]), 0);
     assert_exit(&pg_lease(&url, &["resume", "mail"]), 1);
     assert_eq!(claimable().await, 1);

@@ -153,6 +153,9 @@ pub struct QueueStats {
     pub oldest_ready_age: Option<Duration>,
     /// Expired leases recovered by `reap` so far.
     pub recovered_total: i64,
+    /// Paused by [`Client::pause`](crate::Client::pause): claims take
+    /// none of its rows until it is resumed.
+    pub paused: bool,
 }
 
 /// One row of `lease.metrics`: a queue's gauges and totals, read at
@@ -193,6 +196,9 @@ pub struct QueueMetrics {
     pub cancelled_total: i64,
     /// Expired leases recovered by `reap`.
     pub recovered_total: i64,
+    /// Paused by [`Client::pause`](crate::Client::pause): claims take
+    /// none of its rows until it is resumed.
+    pub paused: bool,
 }
 
 /// One row of `lease.in_flight`: a leased row.

@@ -4127,7 +4127,8 @@ SELECT q.name AS queue,
        coalesce(c.died, 0)      AS dead_total,
        coalesce(c.cancelled, 0) AS cancelled_total,
        q.recovered_total,
-       coalesce(k.held, 0) AS held
+       coalesce(k.held, 0) AS held,
+       q.paused
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -4149,7 +4150,8 @@ reached), delayed rows (pending, next_at later), held rows (pending, waiting for
 concurrency_key; O(keys) to count), leased rows and those past expiry not yet reaped, dead
 letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
-recovered by reap). Totals and gauges change only when a transaction that moved rows commits.$$;
+recovered by reap), and whether the queue is paused (lease.pause: claims take none of its rows).
+Totals and gauges change only when a transaction that moved rows commits.$$;
 
 CREATE FUNCTION lease._check_reader(view regclass) RETURNS void
 LANGUAGE plpgsql STABLE
@@ -4374,13 +4376,14 @@ SELECT q.name AS queue,
        clock_timestamp() - min(j.next_at) FILTER (WHERE j.state = 'pending' AND NOT j.held
                                                     AND j.next_at <= clock_timestamp())
                                                                                         AS oldest_ready_age,
-       q.recovered_total
+       q.recovered_total,
+       q.paused
   FROM lease.queue q
   LEFT JOIN lease.job j ON j.queue = q.name
- GROUP BY q.name, q.recovered_total;
+ GROUP BY q.name, q.recovered_total, q.paused;
 
 COMMENT ON VIEW lease.queue_stats IS
-    'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, and leases recovered by reap so far.';
+    'Per queue: rows by state, how many are claimable now (ready; not counting rows held for a concurrency slot), leases past expiry not yet reaped (expired), age of the oldest ready row, leases recovered by reap so far, and whether the queue is paused (lease.pause: claims take none of its rows).';
 
 CREATE FUNCTION lease.read_queue_stats() RETURNS SETOF lease.queue_stats
 LANGUAGE plpgsql STABLE SECURITY DEFINER

@@ -25,6 +25,7 @@ pub async fn queues(client: &Client, out: Output) -> Result<Done, CliError> {
     }
     let mut t = Table::new(&[
         "queue",
+        "state",
         "attempts",
         "backoff",
         "jitter",
@@ -41,6 +42,7 @@ pub async fn queues(client: &Client, out: Output) -> Result<Done, CliError> {
         let n = |f: fn(&QueueStats) -> i64| c.map(f).unwrap_or_default().to_string();
         t.row(vec![
             q.name.clone(),
+            c.map(state).unwrap_or_default().to_owned(),
             q.max_attempts.to_string(),
             format!("{}..{}", span(q.backoff_base), span(q.backoff_max)),
             if q.jitter { "full" } else { "none" }.to_owned(),
@@ -55,6 +57,15 @@ pub async fn queues(client: &Client, out: Output) -> Result<Done, CliError> {
     }
     out.text(&t.render())?;
     Ok(Done::All)
+}
+
+/// Whether claims take the queue's rows, in a word.
+fn state(s: &QueueStats) -> &'static str {
+    if s.paused {
+        "paused"
+    } else {
+        "running"
+    }
 }
 
 /// Who may use a queue, in a word.
@@ -114,6 +125,7 @@ pub fn stats_json(s: &QueueStats) -> Value {
         "cancelled": s.cancelled,
         "oldest_ready_age_secs": s.oldest_ready_age.map(secs),
         "recovered_total": s.recovered_total,
+        "paused": s.paused,
     })
 }
 
@@ -121,6 +133,7 @@ pub fn stats_json(s: &QueueStats) -> Value {
 pub fn stats_table(stats: &[QueueStats]) -> Table {
     let mut t = Table::new(&[
         "queue",
+        "state",
         "pending",
         "ready",
         "leased",
@@ -134,6 +147,7 @@ pub fn stats_table(stats: &[QueueStats]) -> Table {
     for s in stats {
         t.row(vec![
             s.queue.clone(),
+            state(s).to_owned(),
             s.pending.to_string(),
             s.ready.to_string(),
             s.leased.to_string(),

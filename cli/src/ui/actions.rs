@@ -62,7 +62,9 @@ pub async fn cancel(
     let form = accept(&ui, form)?;
     let id = parse_id(&form.id)?;
     let result = ui.client.cancel(id).await?;
-    let message = cancelled(&format!("row {id}"), result)?;
+    let message = cancelled(&format!("row {id}"), result, || {
+        format!("there is no row {id}")
+    })?;
     done(&ui, message, format!("/jobs/{id}"))
 }
 
@@ -73,7 +75,9 @@ pub async fn cancel_key(
 ) -> Reply {
     let form = accept(&ui, form)?;
     let result = ui.client.cancel_key(&form.queue, &form.key).await?;
-    let message = cancelled(&format!("the row of key {:?}", form.key), result)?;
+    let message = cancelled(&format!("the row of key {:?}", form.key), result, || {
+        format!("{} has no row of key {:?}", form.queue, form.key)
+    })?;
     done(&ui, message, queue_href(&form.queue, ""))
 }
 
@@ -95,6 +99,37 @@ pub async fn purge_dead(
         format!("Deleted {n} dead letters of {}.", form.queue),
         queue_href(&form.queue, ""),
     )
+}
+
+/// `POST /actions/pause`: `lease.pause(queue)`.
+pub async fn pause(
+    State(ui): State<Arc<Ui>>,
+    form: Result<Form<QueueForm>, FormRejection>,
+) -> Reply {
+    let form = accept(&ui, form)?;
+    let message = if ui.client.pause(&form.queue).await? {
+        format!(
+            "Paused {}: claims take none of its rows until it is resumed.",
+            form.queue
+        )
+    } else {
+        format!("{} was paused already; nothing changed.", form.queue)
+    };
+    done(&ui, message, queue_href(&form.queue, ""))
+}
+
+/// `POST /actions/resume`: `lease.resume(queue)`.
+pub async fn resume(
+    State(ui): State<Arc<Ui>>,
+    form: Result<Form<QueueForm>, FormRejection>,
+) -> Reply {
+    let form = accept(&ui, form)?;
+    let message = if ui.client.resume(&form.queue).await? {
+        format!("Resumed {}: claims take its rows again.", form.queue)
+    } else {
+        format!("{} was not paused; nothing changed.", form.queue)
+    };
+    done(&ui, message, queue_href(&form.queue, ""))
 }
 
 /// The form, if actions are on and it carries this server's token.
@@ -132,9 +167,13 @@ impl CsrfForm for QueueForm {
     }
 }
 
-/// What a cancel did, in words; a row that had finished or does not
-/// exist is an error page.
-fn cancelled(what: &str, result: CancelResult) -> Result<String, UiError> {
+/// What a cancel of `what` did, in words; a row that had finished is an
+/// error page, and so is one that does not exist (`missing` says so).
+fn cancelled(
+    what: &str,
+    result: CancelResult,
+    missing: impl FnOnce() -> String,
+) -> Result<String, UiError> {
     match result {
         CancelResult::Cancelled => Ok(format!("Cancelled {what}.")),
         CancelResult::CancelRequested => Ok(format!(
@@ -145,7 +184,7 @@ fn cancelled(what: &str, result: CancelResult) -> Result<String, UiError> {
             "{what} had already finished ({}); nothing changed",
             state_name(state)
         ))),
-        CancelResult::NotFound => Err(UiError::NotFound(format!("there is no {what}"))),
+        CancelResult::NotFound => Err(UiError::NotFound(missing())),
     }
 }
 

@@ -154,6 +154,8 @@ fn router(ui: Arc<Ui>, access: Arc<guard::Access>) -> Router {
         .route("/actions/cancel", post(actions::cancel))
         .route("/actions/cancel-key", post(actions::cancel_key))
         .route("/actions/purge-dead", post(actions::purge_dead))
+        .route("/actions/pause", post(actions::pause))
+        .route("/actions/resume", post(actions::resume))
         .fallback(pages::not_found)
         .layer(axum::middleware::from_fn(server::bounded_body))
         .layer(axum::middleware::from_fn_with_state(access, guard::check))

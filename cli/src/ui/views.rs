@@ -34,6 +34,8 @@ pub struct QueueRow {
     pub href: String,
     /// `/dead?queue=<name>`, percent-encoded.
     pub dead_href: String,
+    /// Paused (`lease.pause`): claims take none of its rows.
+    pub paused: bool,
     pub ready: i64,
     pub delayed: i64,
     pub leased: i64,
@@ -85,6 +87,8 @@ pub struct QueuePage {
     /// Whether the page's address carries the name in the query (see
     /// `pages::queue_href`), so the filter form must send it again.
     pub name_in_query: bool,
+    /// Paused (`lease.pause`): claims take none of its rows.
+    pub paused: bool,
     pub counts: Vec<(&'static str, i64)>,
     /// The state filter ("" for all) and the key filter.
     pub state: String,

@@ -102,6 +102,7 @@ impl Client {
                         cancelled: col(r, 7)?,
                         oldest_ready_age: col::<Option<i64>>(r, 8)?.map(from_micros),
                         recovered_total: col(r, 9)?,
+                        paused: col(r, 10)?,
                     })
                 })
                 .collect()
@@ -135,6 +136,7 @@ impl Client {
                         cancelled_total: col(r, 13)?,
                         recovered_total: col(r, 14)?,
                         held: col(r, 15)?,
+                        paused: col(r, 16)?,
                     })
                 })
                 .collect()

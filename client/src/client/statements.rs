@@ -317,7 +317,7 @@ impl Query {
             S::QueueStats => concat!(
                 "SELECT queue, pending, ready, leased, expired, done, dead, cancelled, ",
                 as_micros!("oldest_ready_age"),
-                ", recovered_total FROM lease.read_queue_stats() ORDER BY queue"
+                ", recovered_total, paused FROM lease.read_queue_stats() ORDER BY queue"
             ),
             S::Metrics => concat!(
                 "SELECT queue, ready, delayed, leased, expired, dead, ",
@@ -325,7 +325,7 @@ impl Query {
                 ", ",
                 as_micros!("reap_lag"),
                 ", enqueued_total, claimed_total, done_total, retried_total, dead_total, ",
-                "cancelled_total, recovered_total, held FROM lease.read_metrics() ORDER BY queue"
+                "cancelled_total, recovered_total, held, paused FROM lease.read_metrics() ORDER BY queue"
             ),
             S::InFlight => concat!(
                 "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
