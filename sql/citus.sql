@@ -176,12 +176,13 @@ BEGIN
     -- The functions forwarded to the node of their queue, with the argument
     -- that names it.
     FOR f, arg IN SELECT * FROM (VALUES
-            ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)', 'name'),
+            ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval)', 'name'),
             ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
             ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
             ('lease.claim_pending(integer, interval, text, text)', 'queue'),
             ('lease.reclaim_own(integer, interval, text, text)', 'queue'),
             ('lease.ready_channel(text)', 'queue'),
+            ('lease.rate_wait(text)', 'queue'),
             ('lease.release_and_claim(bigint[], text, bigint[], integer, interval, text)', 'queue'),
             ('lease.renew(bigint, text, bigint, interval, text)', 'queue'),
             ('lease.renew_batch(bigint[], text, bigint[], interval, text)', 'queue'),

@@ -29,15 +29,17 @@ SET enable_sort = off
 SET jit = off
 AS $$
 DECLARE
-    n constant integer := "limit";
+    -- Both lowered and moved on by a rate limit.
+    n integer := "limit";
+    t timestamptz := clock_timestamp();
     d constant interval := ttl;
     o constant text := owner;
     q constant text := queue;
-    t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
     got bigint;
     restricted boolean;
     paused boolean;
+    limited boolean;
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
@@ -48,7 +50,8 @@ BEGIN
         PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
                 lease._checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at, qu.paused INTO restricted, raised, paused
+    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL
+      INTO restricted, raised, paused, limited
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -56,6 +59,13 @@ BEGIN
     END IF;
     IF paused THEN
         RETURN;
+    END IF;
+    -- Only a limited queue's claims take turns (rate.sql).
+    IF limited THEN
+        SELECT r.permitted, r.at INTO n, t FROM lease._rate_permits(q, n) AS r;
+        IF n = 0 THEN
+            RETURN;
+        END IF;
     END IF;
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
@@ -128,6 +138,9 @@ BEGIN
         -- New leases: the reaper has work here once they may expire, and
         -- their rows count towards waking it for a vacuum.
         PERFORM lease._reaper_touch(got);
+        IF limited THEN
+            PERFORM lease._rate_spend(q, t, got::integer);
+        END IF;
         -- lease._count's upsert, written out: on the batch-1 path calling
         -- _count cost as much as its upsert (docs/archive/performance-history.md, the
         -- callgrind table).
@@ -150,7 +163,10 @@ $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them w
 token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
 the database clock. One statement; rows are taken, and returned,
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
-never waited for; a paused queue (lease.pause) gives none. Every claim gives the row an epoch greater than any it had before, also across a
+never waited for; a paused queue (lease.pause) gives none, and a queue with a rate limit (lease.create_queue)
+no more than it allows (lease_until - TTL is the time the limit counts the rows claimed at; see
+lease.rate_wait): the claims of such a queue take turns until their transactions end, and one that waits
+100 ms for its turn gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;

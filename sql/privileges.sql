@@ -43,6 +43,7 @@ GRANT EXECUTE ON FUNCTION
     lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
     lease.claim_pending(integer, interval, text, text),
+    lease.rate_wait(text),
     lease.reclaim_own(integer, interval, text, text),
     lease.bind_session(text, text),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
@@ -74,7 +75,7 @@ GRANT EXECUTE ON FUNCTION
 TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval),
     lease.drop_queue(text, boolean),
     lease.pause(text),
     lease.resume(text),

@@ -10,7 +10,9 @@ CREATE FUNCTION lease.create_queue(
     dead_retention interval DEFAULT '7 days',
     jitter         text     DEFAULT 'full',
     concurrency    integer  DEFAULT NULL,
-    max_payload_bytes integer DEFAULT 1048576
+    max_payload_bytes integer DEFAULT 1048576,
+    rate_limit     integer  DEFAULT NULL,
+    rate_period    interval DEFAULT '1 second'
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -42,6 +44,15 @@ BEGIN
         RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF rate_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'rate_limit must be between 1 and 100000 (got %)', rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM lease._checked_span(rate_period, interval '1 day', 'rate_period');
+    IF date_part('epoch', rate_period) <= 0 THEN
+        RAISE EXCEPTION 'rate_period must be longer than 0 (got %)', rate_period
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
         RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
@@ -49,10 +60,11 @@ BEGIN
 
     -- Create or reconfigure: every replica can call this at start-up.
     INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
-                                  concurrency, max_payload_bytes)
+                                  concurrency, max_payload_bytes, rate_limit, rate_period)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
             create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
-            create_queue.concurrency, create_queue.max_payload_bytes)
+            create_queue.concurrency, create_queue.max_payload_bytes, create_queue.rate_limit,
+            create_queue.rate_period)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
@@ -61,13 +73,16 @@ BEGIN
             dead_retention = EXCLUDED.dead_retention,
             jitter         = EXCLUDED.jitter,
             concurrency    = EXCLUDED.concurrency,
-            max_payload_bytes = EXCLUDED.max_payload_bytes;
+            max_payload_bytes = EXCLUDED.max_payload_bytes,
+            -- The claims already counted keep counting under a new limit.
+            rate_limit     = EXCLUDED.rate_limit,
+            rate_period    = EXCLUDED.rate_period;
     -- A raised (or removed) limit admits held rows now.
     PERFORM lease._top_up_slots(name);
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
@@ -80,6 +95,14 @@ concurrency: at most this many rows of one concurrency_key (see lease.enqueue) a
 admits held rows at once; lowering it admits no more until the key is below the new limit.
 max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, in bytes of its text
 form (octet_length(payload::text), whether or not it would be stored compressed), 1..268435455; default 1 MiB.
+rate_limit, rate_period: claims take at most rate_limit rows (1..100000) in any span of rate_period (more than
+0, at most 1 day; default 1 second), whatever the number of workers: each row claimed counts from its claim
+until rate_period later (a sliding window; see lease.rate_wait). NULL (default): no limit. Rows held back stay
+pending and are claimable as soon as the limit allows. Claims of a limited queue take turns until their
+transactions end: one that comes while another is still in its transaction waits for it at most 100 ms and
+then takes nothing, so claim such a queue in short transactions. The rate limit applies after lease.pause and before
+concurrency (held rows are never claimed) and priorities; lease.reclaim_own, which takes back leases already
+started, is not counted.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE FUNCTION lease.pause(queue text) RETURNS boolean

@@ -70,6 +70,14 @@ CREATE TABLE lease.queue (
     head_raised_at  timestamptz NOT NULL DEFAULT '-infinity',
     -- When lease.sweep last searched for the head from the very start.
     head_checked_at timestamptz NOT NULL DEFAULT '-infinity',
+    -- At most rate_limit rows claimed in any span of rate_period (rate.sql);
+    -- NULL: no limit.
+    rate_limit      integer CHECK (rate_limit BETWEEN 1 AND 100000),
+    rate_period     interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
+    -- The claims of the last rate_period, oldest first: when (the database
+    -- clock, as the claim stamped its rows) and how many rows each took.
+    rate_starts     timestamptz[] NOT NULL DEFAULT '{}',
+    rate_counts     integer[] NOT NULL DEFAULT '{}',
     CHECK (backoff_max >= backoff_base)
 );
 

@@ -97,9 +97,11 @@ async fn pause_and_resume_a_queue() {
     assert_exit(&pg_lease(&url, &["pause", "mail"]), 0);
     assert_exit(&pg_lease(&url, &["pause", "mail"]), 1);
     assert_eq!(claimable().await, 0, "a paused queue gives no rows");
-    pg.batch_execute("SELECT lease.create_queue('news')")
-        .await
-        .expect("a running queue beside it");
+    pg.batch_execute(
+        "SELECT lease.create_queue('news', rate_limit => 20, rate_period => '1 minute')",
+    )
+    .await
+    .expect("a running queue beside it, rate-limited");
     let paused = |rows: &serde_json::Value, queue: &str| {
         rows.as_array()
             .and_then(|a| a.iter().find(|q| q["queue"] == queue))
@@ -119,6 +121,17 @@ async fn pause_and_resume_a_queue() {
         assert!(line("mail").contains("paused"), "{command}: {text}");
         assert!(line("news").contains("running"), "{command}: {text}");
     }
+    // The rate limit, in the queue's policy.
+    let queues = pg_lease_json(&url, &["queues"]);
+    let news = queues
+        .as_array()
+        .and_then(|a| a.iter().find(|q| q["queue"] == "news"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(news["rate_limit"], 20, "{queues}");
+    assert_eq!(news["rate_period_secs"], 60.0, "{queues}");
+    let text = stdout(&pg_lease(&url, &["queues"]));
+    assert!(text.contains("20 per 1 min"), "{text}");
     let status = pg_lease_json(&url, &["status"]);
     assert_eq!(paused(&status["queues"], "mail"), Some(true), "{status}");
     assert_exit(&pg_lease(&url, &["resume", "mail"]), 0);

@@ -76,7 +76,7 @@ pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, R
 pub use queue::{
     BatchOptions, DeadLetter, DeadLetterSummary, EnqueueOptions, Every, ExtensionVersions, Holder,
     InFlight, JobFilter, JobPreview, JobRecord, JobSummary, QueueMetrics, QueueOptions,
-    QueueSettings, QueueStats, Reaped, ReaperStats, ScheduleInfo, ScheduleOptions,
+    QueueSettings, QueueStats, RateLimit, Reaped, ReaperStats, ScheduleInfo, ScheduleOptions,
 };
 pub use sweeper::{Sweeper, SweeperConfig};
 pub use transaction::FencedTransaction;

@@ -32,6 +32,30 @@ pub struct QueueOptions {
     /// The largest payload an enqueue may write, in bytes of stored `jsonb`
     /// (1..=268435455); a larger one is refused with `22023`. Default 1 MiB.
     pub max_payload_bytes: i32,
+    /// At most so many rows claimed per period, by every worker together.
+    /// Default `None`: no limit.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A queue's rate limit: claims take at most `limit` rows in any span of
+/// `period` (a sliding window on the database clock: each row counts from
+/// its claim until `period` later), whatever the number of workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Rows per period, 1..=100000.
+    pub limit: i32,
+    /// The window, more than zero and at most one day.
+    pub period: Duration,
+}
+
+impl RateLimit {
+    /// At most `limit` rows per second.
+    pub fn per_second(limit: i32) -> RateLimit {
+        RateLimit {
+            limit,
+            period: Duration::from_secs(1),
+        }
+    }
 }
 
 impl Default for QueueOptions {
@@ -45,6 +69,7 @@ impl Default for QueueOptions {
             jitter: true,
             concurrency: None,
             max_payload_bytes: 1 << 20,
+            rate_limit: None,
         }
     }
 }
@@ -319,6 +344,8 @@ pub struct QueueSettings {
     pub attached: bool,
     /// When it was created (database clock).
     pub created_at: SystemTime,
+    /// Its rate limit, if it has one.
+    pub rate_limit: Option<RateLimit>,
 }
 
 /// One row of `lease.reaper_stats`: housekeeping in the connected database.

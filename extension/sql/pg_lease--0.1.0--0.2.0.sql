@@ -31,6 +31,12 @@ ALTER TABLE lease.queue
     ADD COLUMN head_id         bigint NOT NULL DEFAULT -9223372036854775808,
     ADD COLUMN head_raised_at  timestamptz NOT NULL DEFAULT '-infinity',
     ADD COLUMN head_checked_at timestamptz NOT NULL DEFAULT '-infinity';
+-- Rate limits (sql/rate.sql): none until create_queue sets one.
+ALTER TABLE lease.queue
+    ADD COLUMN rate_limit  integer CHECK (rate_limit BETWEEN 1 AND 100000),
+    ADD COLUMN rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
+    ADD COLUMN rate_starts timestamptz[] NOT NULL DEFAULT '{}',
+    ADD COLUMN rate_counts integer[] NOT NULL DEFAULT '{}';
 
 -- Constant defaults: no table rewrite. The claim index follows the new
 -- claim order (priority, rank, next_at, id) and leaves out rows held for a
@@ -2119,6 +2125,132 @@ unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restri
 not work it;
 22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
+CREATE OR REPLACE FUNCTION lease._rate_permits(queue text, wanted integer, OUT permitted integer, OUT at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    lim integer;
+    period interval;
+    starts timestamptz[];
+    counts integer[];
+    used bigint;
+BEGIN
+    BEGIN
+        -- NO KEY: enqueues (their key share of the queue row) go on meanwhile.
+        SELECT q.rate_limit, q.rate_period, q.rate_starts, q.rate_counts INTO lim, period, starts, counts
+          FROM lease.queue q
+         WHERE q.name = _rate_permits.queue
+           FOR NO KEY UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        -- Another claim's turn has lasted too long.
+        permitted := 0;
+        at := clock_timestamp();
+        RETURN;
+    END;
+    -- Read once the row is ours: the stamps of one queue's claims rise in
+    -- the order they hold it, so an entry older than a window is old for
+    -- every claim after this one too (lease._rate_spend drops it).
+    at := clock_timestamp();
+    IF lim IS NULL THEN
+        -- The limit was removed while this claim waited.
+        permitted := wanted;
+        RETURN;
+    END IF;
+    SELECT coalesce(sum(u.n), 0) INTO used
+      FROM unnest(starts, counts) AS u(s, n)
+     WHERE u.s > at - period;
+    permitted := least(wanted, greatest(lim - used, 0));
+END
+$$;
+
+COMMENT ON FUNCTION lease._rate_permits(text, integer) IS
+$$Internal (lease.claim_pending): locks QUEUE's row until the transaction ends and returns how many of WANTED
+rows its rate limit lets a claim take now (0 if another transaction held the row for 100 ms), and the time
+(the database clock, read after the lock) to stamp them with.$$;
+
+CREATE OR REPLACE FUNCTION lease._rate_spend(queue text, at timestamptz, taken integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    starts timestamptz[];
+    counts integer[];
+    period interval;
+    last integer;
+BEGIN
+    -- Computed first: on a distributed install (citus.sql) the UPDATE runs
+    -- on the queue's node, which takes no subquery of its own row in SET.
+    SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}'),
+           min(q.rate_period)
+      INTO starts, counts, period
+      FROM lease.queue q
+     CROSS JOIN LATERAL unnest(q.rate_starts, q.rate_counts) WITH ORDINALITY AS u(s, n, o)
+     WHERE q.name = _rate_spend.queue AND u.s > at - q.rate_period;
+    last := cardinality(starts);
+    -- A claim within a hundredth of a period of the last one joins its
+    -- entry, which takes the later time: its rows count a little longer,
+    -- never shorter, and the row keeps about a hundred entries at any
+    -- claim rate (one per claim, it grew with the rate, and so did the
+    -- cost of every claim).
+    IF last > 0 AND starts[last] > at - period / 100 THEN
+        starts[last] := at;
+        counts[last] := counts[last] + taken;
+    ELSE
+        starts := starts || at;
+        counts := counts || taken;
+    END IF;
+    UPDATE lease.queue q
+       SET rate_starts = starts,
+           rate_counts = counts
+     WHERE q.name = _rate_spend.queue;
+END
+$$;
+
+COMMENT ON FUNCTION lease._rate_spend(text, timestamptz, integer) IS
+$$Internal (lease.claim_pending): records that a claim of QUEUE took TAKEN rows AT (from lease._rate_permits),
+and forgets the claims that no longer count.$$;
+
+CREATE OR REPLACE FUNCTION lease.rate_wait(queue text DEFAULT 'default') RETURNS interval
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q constant text := lease._checked_queue(queue);
+    t constant timestamptz := clock_timestamp();
+    lim integer;
+    period interval;
+    starts timestamptz[];
+    counts integer[];
+    restricted boolean;
+    used bigint;
+BEGIN
+    SELECT qu.rate_limit, qu.rate_period, qu.rate_starts, qu.rate_counts, qu.restricted
+      INTO lim, period, starts, counts, restricted
+      FROM lease.queue qu
+     WHERE qu.name = q;
+    IF restricted THEN
+        PERFORM lease._check_access(q, '{work}');
+    END IF;
+    IF lim IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(sum(u.n), 0) INTO used FROM unnest(starts, counts) AS u(s, n) WHERE u.s > t - period;
+    IF used < lim THEN
+        RETURN interval '0';
+    END IF;
+    -- Permits come back oldest claim first.
+    RETURN (SELECT min(u.s) FROM unnest(starts) AS u(s) WHERE u.s > t - period) + period - t;
+END
+$$;
+
+COMMENT ON FUNCTION lease.rate_wait(text) IS
+$$How long until QUEUE's rate limit lets a claim take a row again (by the database clock): 0 if it would now,
+NULL if the queue has no rate limit. A worker whose claim came back empty sleeps this long rather than
+polling. Errors: 22004 queue NULL; 42704 no such queue; 42501 the queue is restricted and the caller may not
+work it.$$;
+
 CREATE OR REPLACE FUNCTION lease.claim_pending(
     "limit" integer,
     ttl     interval,
@@ -2148,15 +2280,17 @@ SET enable_sort = off
 SET jit = off
 AS $$
 DECLARE
-    n constant integer := "limit";
+    -- Both lowered and moved on by a rate limit.
+    n integer := "limit";
+    t timestamptz := clock_timestamp();
     d constant interval := ttl;
     o constant text := owner;
     q constant text := queue;
-    t constant timestamptz := clock_timestamp();
     f constant bigint := lease.epoch_floor();
     got bigint;
     restricted boolean;
     paused boolean;
+    limited boolean;
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
@@ -2167,7 +2301,8 @@ BEGIN
         PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
                 lease._checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at, qu.paused INTO restricted, raised, paused
+    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL
+      INTO restricted, raised, paused, limited
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -2175,6 +2310,13 @@ BEGIN
     END IF;
     IF paused THEN
         RETURN;
+    END IF;
+    -- Only a limited queue's claims take turns (rate.sql).
+    IF limited THEN
+        SELECT r.permitted, r.at INTO n, t FROM lease._rate_permits(q, n) AS r;
+        IF n = 0 THEN
+            RETURN;
+        END IF;
     END IF;
     -- The picked ids are materialised once and fed to the UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
@@ -2247,6 +2389,9 @@ BEGIN
         -- New leases: the reaper has work here once they may expire, and
         -- their rows count towards waking it for a vacuum.
         PERFORM lease._reaper_touch(got);
+        IF limited THEN
+            PERFORM lease._rate_spend(q, t, got::integer);
+        END IF;
         -- lease._count's upsert, written out: on the batch-1 path calling
         -- _count cost as much as its upsert (docs/archive/performance-history.md, the
         -- callgrind table).
@@ -2269,7 +2414,10 @@ $$Leases up to LIMIT claimable rows of QUEUE to OWNER for TTL and returns them w
 token (id, epoch), attempt number, lease_until and eligible_at (when the row became claimable), both by
 the database clock. One statement; rows are taken, and returned,
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
-never waited for; a paused queue (lease.pause) gives none. Every claim gives the row an epoch greater than any it had before, also across a
+never waited for; a paused queue (lease.pause) gives none, and a queue with a rate limit (lease.create_queue)
+no more than it allows (lease_until - TTL is the time the limit counts the rows claimed at; see
+lease.rate_wait): the claims of such a queue take turns until their transactions end, and one that waits
+100 ms for its turn gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
@@ -3724,7 +3872,9 @@ CREATE OR REPLACE FUNCTION lease.create_queue(
     dead_retention interval DEFAULT '7 days',
     jitter         text     DEFAULT 'full',
     concurrency    integer  DEFAULT NULL,
-    max_payload_bytes integer DEFAULT 1048576
+    max_payload_bytes integer DEFAULT 1048576,
+    rate_limit     integer  DEFAULT NULL,
+    rate_period    interval DEFAULT '1 second'
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -3756,6 +3906,15 @@ BEGIN
         RAISE EXCEPTION 'concurrency must be between 1 and 100000 (got %)', concurrency
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF rate_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'rate_limit must be between 1 and 100000 (got %)', rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM lease._checked_span(rate_period, interval '1 day', 'rate_period');
+    IF date_part('epoch', rate_period) <= 0 THEN
+        RAISE EXCEPTION 'rate_period must be longer than 0 (got %)', rate_period
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF date_part('epoch', backoff_max) < date_part('epoch', backoff_base) THEN
         RAISE EXCEPTION 'need backoff_base <= backoff_max (got % and %)', backoff_base, backoff_max
             USING ERRCODE = 'invalid_parameter_value';
@@ -3763,10 +3922,11 @@ BEGIN
 
     -- Create or reconfigure: every replica can call this at start-up.
     INSERT INTO lease.queue AS q (name, max_attempts, backoff_base, backoff_max, retention, dead_retention, jitter,
-                                  concurrency, max_payload_bytes)
+                                  concurrency, max_payload_bytes, rate_limit, rate_period)
     VALUES (create_queue.name, create_queue.max_attempts, create_queue.backoff_base,
             create_queue.backoff_max, create_queue.retention, create_queue.dead_retention, create_queue.jitter,
-            create_queue.concurrency, create_queue.max_payload_bytes)
+            create_queue.concurrency, create_queue.max_payload_bytes, create_queue.rate_limit,
+            create_queue.rate_period)
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
         SET max_attempts   = EXCLUDED.max_attempts,
             backoff_base   = EXCLUDED.backoff_base,
@@ -3775,13 +3935,16 @@ BEGIN
             dead_retention = EXCLUDED.dead_retention,
             jitter         = EXCLUDED.jitter,
             concurrency    = EXCLUDED.concurrency,
-            max_payload_bytes = EXCLUDED.max_payload_bytes;
+            max_payload_bytes = EXCLUDED.max_payload_bytes,
+            -- The claims already counted keep counting under a new limit.
+            rate_limit     = EXCLUDED.rate_limit,
+            rate_period    = EXCLUDED.rate_period;
     -- A raised (or removed) limit admits held rows now.
     PERFORM lease._top_up_slots(name);
 END
 $$;
 
-COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer) IS
+COMMENT ON FUNCTION lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval) IS
 $$Creates queue NAME, or updates the policy of an existing one.
 max_attempts: claims a row may spend before retry/expiry dead-letters it (1..1000000).
 backoff_base, backoff_max: delay after attempt n is min(backoff_max, backoff_base * 2^(n-1)); each at most 365 days.
@@ -3794,6 +3957,14 @@ concurrency: at most this many rows of one concurrency_key (see lease.enqueue) a
 admits held rows at once; lowering it admits no more until the key is below the new limit.
 max_payload_bytes: the largest payload an enqueue (or a fenced_update's result) may have, in bytes of its text
 form (octet_length(payload::text), whether or not it would be stored compressed), 1..268435455; default 1 MiB.
+rate_limit, rate_period: claims take at most rate_limit rows (1..100000) in any span of rate_period (more than
+0, at most 1 day; default 1 second), whatever the number of workers: each row claimed counts from its claim
+until rate_period later (a sliding window; see lease.rate_wait). NULL (default): no limit. Rows held back stay
+pending and are claimable as soon as the limit allows. Claims of a limited queue take turns until their
+transactions end: one that comes while another is still in its transaction waits for it at most 100 ms and
+then takes nothing, so claim such a queue in short transactions. The rate limit applies after lease.pause and before
+concurrency (held rows are never claimed) and priorities; lease.reclaim_own, which takes back leases already
+started, is not counted.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
 
 CREATE OR REPLACE FUNCTION lease.pause(queue text) RETURNS boolean
@@ -4653,12 +4824,13 @@ BEGIN
     -- The functions forwarded to the node of their queue, with the argument
     -- that names it.
     FOR f, arg IN SELECT * FROM (VALUES
-            ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer)', 'name'),
+            ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval)', 'name'),
             ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
             ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
             ('lease.claim_pending(integer, interval, text, text)', 'queue'),
             ('lease.reclaim_own(integer, interval, text, text)', 'queue'),
             ('lease.ready_channel(text)', 'queue'),
+            ('lease.rate_wait(text)', 'queue'),
             ('lease.release_and_claim(bigint[], text, bigint[], integer, interval, text)', 'queue'),
             ('lease.renew(bigint, text, bigint, interval, text)', 'queue'),
             ('lease.renew_batch(bigint[], text, bigint[], interval, text)', 'queue'),
@@ -4710,6 +4882,7 @@ REVOKE SELECT ON lease.attachment FROM lease_worker;
 GRANT EXECUTE ON FUNCTION
     lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
     lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
+    lease.rate_wait(text),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.renew(bigint, text, bigint, interval, text),
     lease.renew_batch(bigint[], text, bigint[], interval, text),
@@ -4735,7 +4908,7 @@ TO lease_worker;
 GRANT EXECUTE ON FUNCTION
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
-    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer),
+    lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval),
     lease.pause(text),
     lease.resume(text),
     lease.purge_dead(text),

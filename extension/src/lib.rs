@@ -114,6 +114,11 @@ pgrx::extension_sql_file!(
     ]
 );
 pgrx::extension_sql_file!(
+    "../../sql/rate.sql",
+    name = "rate",
+    requires = ["schema", "check", "access"]
+);
+pgrx::extension_sql_file!(
     "../../sql/claim.sql",
     name = "claim",
     requires = [
@@ -124,6 +129,7 @@ pgrx::extension_sql_file!(
         "head",
         "lease",
         "metrics",
+        "rate",
         epoch::epoch_floor,
         shared::reaper_touch,
         statement::own_transaction

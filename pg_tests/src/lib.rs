@@ -100,6 +100,16 @@ pub fn citus_install_mode() -> bool {
     env::var(INSTALL_ENV).is_ok_and(|v| v == "citus")
 }
 
+/// Whether this test runs on a distributed install, where `what` cannot be
+/// tested (said on stderr, so the run shows what it skipped).
+pub fn skipped_on_citus(what: &str) -> bool {
+    let citus = citus_install_mode();
+    if citus {
+        eprintln!("SKIPPED on a distributed install: {what}");
+    }
+    citus
+}
+
 /// The role tests connect as: the superuser, or [`SQL_OWNER`] in SQL mode.
 pub fn test_user() -> &'static str {
     if sql_install_mode() {

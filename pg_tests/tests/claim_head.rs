@@ -19,7 +19,7 @@
 //! statistics do not see, and the attached table, which Citus refuses.
 
 use pg_tests::claims::{claim_and_release, claim_reads};
-use pg_tests::{scalar, sqlstate, Cluster};
+use pg_tests::{scalar, skipped_on_citus, sqlstate, Cluster};
 use tokio_postgres::Client;
 
 /// Claims one row of `queue` as owner `w` and returns its `(id, epoch)`,
@@ -59,16 +59,6 @@ async fn sweep(cluster: &Cluster) {
             .await
             .expect("sweep");
     }
-}
-
-/// Whether this suite runs on a distributed install, where `what` cannot
-/// be tested (said on stderr).
-fn skipped_on_citus(what: &str) -> bool {
-    let citus = pg_tests::citus_install_mode();
-    if citus {
-        eprintln!("SKIPPED on a distributed install: {what}");
-    }
-    citus
 }
 
 /// Queue `queue` with no backoff and no history, and in it an early row,

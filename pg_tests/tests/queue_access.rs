@@ -52,6 +52,7 @@ async fn a_role_without_a_grant_learns_nothing_of_a_restricted_queue() {
         "SELECT lease.claim_pending(1, '1 minute', 'alice', '{q}')",
         "SELECT lease.reclaim_own(1, '1 minute', 'alice', '{q}')",
         "SELECT lease.ready_channel('{q}')",
+        "SELECT lease.rate_wait('{q}')",
         "SELECT lease.bind_session('{q}', 'alice')",
     ];
     for probe in probes {

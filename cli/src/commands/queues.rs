@@ -31,6 +31,7 @@ pub async fn queues(client: &Client, out: Output) -> Result<Done, CliError> {
         "jitter",
         "retention",
         "dead kept",
+        "rate",
         "access",
         "pending",
         "ready",
@@ -48,6 +49,9 @@ pub async fn queues(client: &Client, out: Output) -> Result<Done, CliError> {
             if q.jitter { "full" } else { "none" }.to_owned(),
             span(q.retention),
             span(q.dead_retention),
+            q.rate_limit
+                .map(|r| format!("{} per {}", r.limit, span(r.period)))
+                .unwrap_or_default(),
             access(q).to_owned(),
             n(|s| s.pending),
             n(|s| s.ready),
@@ -88,6 +92,8 @@ fn queue_json(q: &QueueSettings, counts: Option<&QueueStats>) -> Value {
         "jitter": if q.jitter { "full" } else { "none" },
         "retention_secs": secs(q.retention),
         "dead_retention_secs": secs(q.dead_retention),
+        "rate_limit": q.rate_limit.map(|r| r.limit),
+        "rate_period_secs": q.rate_limit.map(|r| secs(r.period)),
         "restricted": q.restricted,
         "attached": q.attached,
         "created_at": time_json(Some(q.created_at)),

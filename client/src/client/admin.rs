@@ -10,7 +10,7 @@ use crate::error::{Error, Result, LEASE_LOST_SQLSTATE};
 use crate::lease::JobState;
 use crate::queue::{
     DeadLetter, ExtensionVersions, Holder, InFlight, JobFilter, JobRecord, QueueMetrics,
-    QueueSettings, QueueStats, Reaped, ReaperStats,
+    QueueSettings, QueueStats, RateLimit, Reaped, ReaperStats,
 };
 
 impl Client {
@@ -256,6 +256,13 @@ impl Client {
                         restricted: col(r, 7)?,
                         attached: col(r, 8)?,
                         created_at: col(r, 9)?,
+                        rate_limit: match col::<Option<i32>>(r, 10)? {
+                            Some(limit) => Some(RateLimit {
+                                limit,
+                                period: from_micros(col(r, 11)?),
+                            }),
+                            None => None,
+                        },
                     })
                 })
                 .collect()

@@ -5,7 +5,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::rows::{check_order, claimed_from, col, count_arg, micros, renewal_from_row, split};
+use super::rows::{
+    check_order, claimed_from, col, count_arg, from_micros, micros, renewal_from_row, split,
+};
 use super::statements::Query;
 use super::Client;
 use crate::error::{Error, Result};
@@ -27,6 +29,18 @@ impl Client {
     ) -> Result<Vec<Claimed>> {
         self.lease_rows(Query::Claim, limit, ttl, owner, queue)
             .await
+    }
+
+    /// `lease.rate_wait`: how long until `queue`'s rate limit lets a claim
+    /// take a row again (zero if it would now), or `None` if the queue has
+    /// no rate limit. The [`Worker`](crate::Worker) asks after a claim
+    /// that came back empty, and sleeps that long rather than polling.
+    pub async fn rate_wait(&self, queue: &str) -> Result<Option<Duration>> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::RateWait, &[&queue]).await?;
+            Ok(col::<Option<i64>>(&row, 0)?.map(from_micros))
+        })
+        .await
     }
 
     /// `lease.reclaim_own`: for a process restarted under a stable `owner`

@@ -1,5 +1,7 @@
 //! Queues and their rows: create and drop queues, enqueue, cancel, requeue, grants.
 
+use std::time::Duration;
+
 use serde::Serialize;
 
 use super::args;
@@ -53,6 +55,11 @@ impl Client {
         let jitter = if options.jitter { "full" } else { "none" };
         let concurrency = options.concurrency;
         let max_payload = options.max_payload_bytes;
+        let rate_limit = options.rate_limit.map(|r| r.limit);
+        let rate_period = match options.rate_limit {
+            Some(r) => micros(r.period, "rate_period")?,
+            None => micros(Duration::from_secs(1), "rate_period")?,
+        };
         self.call(|c| async move {
             c.query(
                 Query::CreateQueue,
@@ -66,6 +73,8 @@ impl Client {
                     &jitter,
                     &concurrency,
                     &max_payload,
+                    &rate_limit,
+                    &rate_period,
                 ],
             )
             .await

@@ -77,6 +77,7 @@ queries! {
     JobSummaryByKey,
     JobPreview,
     DeadLetterSummaries,
+    RateWait,
 }
 
 use std::sync::OnceLock;
@@ -306,7 +307,10 @@ impl Query {
                 micros!("5"),
                 ", dead_retention => ",
                 micros!("6"),
-                ", jitter => $7::text, concurrency => $8::int, max_payload_bytes => $9::int)"
+                ", jitter => $7::text, concurrency => $8::int, max_payload_bytes => $9::int, ",
+                "rate_limit => $10::int, rate_period => ",
+                micros!("11"),
+                ")"
             ),
             S::DropQueue => "SELECT lease.drop_queue(name => $1::text, force => $2::boolean)",
             S::Reap => concat!(
@@ -367,8 +371,9 @@ impl Query {
                 as_micros!("retention"),
                 ", ",
                 as_micros!("dead_retention"),
-                ", jitter = 'full', restricted, attached, created_at ",
-                "FROM lease.queue ORDER BY name"
+                ", jitter = 'full', restricted, attached, created_at, rate_limit, ",
+                as_micros!("rate_period"),
+                " FROM lease.queue ORDER BY name"
             ),
             S::Jobs => jobs_in_states!(job_columns),
             S::JobByKey => concat!(job_columns!(), "WHERE queue = $1::text AND key = $2::text"),
@@ -394,6 +399,10 @@ impl Query {
             S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
             S::ApplyWriteBacks => "SELECT lease.apply_write_backs(max_rows => $1::int)",
             S::Pause => "SELECT lease.pause(queue => $1::text)",
+            S::RateWait => concat!(
+                "SELECT ",
+                as_micros!("lease.rate_wait(queue => $1::text)")
+            ),
             S::Resume => "SELECT lease.resume(queue => $1::text)",
             S::PurgeDead => "SELECT lease.purge_dead(queue => $1::text)",
             S::JobSummaries => jobs_in_states!(job_summary_columns),

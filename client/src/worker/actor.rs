@@ -44,6 +44,10 @@ struct ClaimDone {
     asked: usize,
     reclaim: bool,
     took: Duration,
+    /// After a claim that found nothing: how long until the queue's rate
+    /// limit lets a claim take a row again, if it has one and it is what
+    /// held the rows back.
+    rate_wait: Option<Duration>,
 }
 
 /// Release batches in flight at once, each on its own connection.
@@ -324,13 +328,31 @@ fn claim(
         };
         let took = sent.elapsed();
         ctx.counters.claim_latency(took);
+        let rate_wait = match &rows {
+            Ok(rows) if rows.is_empty() && !reclaim => rate_wait(ctx).await,
+            _ => None,
+        };
         ClaimDone {
             rows,
             asked,
             reclaim,
             took,
+            rate_wait,
         }
     })
+}
+
+/// How long the queue's rate limit holds rows back, if it does. Only a
+/// hint for when to claim next: a failure (an extension without rate
+/// limits) is the same as no limit.
+async fn rate_wait(ctx: &Ctx) -> Option<Duration> {
+    match ctx.client.rate_wait(&ctx.config.queue).await {
+        Ok(wait) => wait.filter(|w| !w.is_zero()),
+        Err(e) => {
+            tracing::debug!(queue = %ctx.config.queue, error = %e, "could not ask for the rate limit's wait");
+            None
+        }
+    }
 }
 
 /// Takes in what releasing a batch returned: the rows claimed in its
@@ -366,6 +388,7 @@ fn claimed(
         rows,
         asked,
         reclaim,
+        rate_wait,
         ..
     } = done;
     match rows {
@@ -385,7 +408,13 @@ fn claimed(
                 if got > 0 {
                     claims.recheck = RECHECK_FIRST;
                 }
-                if got < asked {
+                if let Some(wait) = rate_wait {
+                    // Rows are there, held back by the rate limit: claim
+                    // again when it lets one through, not a poll later.
+                    claims.idle = true;
+                    claims.not_before = Instant::now() + wait.min(cfg.poll_interval);
+                    claims.recheck = RECHECK_FIRST;
+                } else if got < asked {
                     claims.idle = true;
                     claims.not_before = Instant::now() + claims.recheck;
                     claims.recheck = (claims.recheck * 2).min(cfg.poll_interval);

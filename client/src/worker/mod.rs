@@ -71,6 +71,9 @@ type HandlerFn = dyn Fn(Job) -> BoxFuture + Send + Sync;
 ///   [`poll_interval`](WorkerConfig::poll_interval), and sooner after work
 ///   (from 10 ms, doubling), which finds the rows whose notification was
 ///   never sent because they came while a claim took the rows before them.
+///   On a queue with a rate limit ([`QueueOptions::rate_limit`](crate::QueueOptions::rate_limit)),
+///   a claim that came back empty asks `lease.rate_wait` and claims again
+///   when the limit lets a row through.
 /// * **Heartbeat.** Every [`renew_every`](WorkerConfig::renew_every), one
 ///   `renew_batch` call (on its own connection) renews every lease the
 ///   worker holds.
