@@ -291,6 +291,20 @@ async fn actions_change_the_database_and_need_this_servers_token() {
     assert!(b.text("p.done").await.starts_with("Resumed bulk"));
     assert!(!scalar::<bool>(&pg, paused).await);
 
+    // A rate limit and what claims used of it.
+    assert_eq!(b.count("p.rate").await, 0, "no limit, no line");
+    pg.batch_execute(
+        "SELECT lease.create_queue('bulk', rate_limit => 500, rate_period => '1 hour');
+         SELECT lease.claim_pending(3, '1 minute', 'w', 'bulk');",
+    )
+    .await
+    .expect("a limit, and a claim under it");
+    b.goto(&ui.url("/queues/bulk")).await;
+    assert_eq!(
+        b.text("p.rate").await,
+        "Rate limit: 500 rows per 1 h; 3 claimed in the last 1 h."
+    );
+
     // Purge the dead letters of bulk (the one above): the box must be ticked.
     let unticked = b
         .fetch_status(

@@ -224,6 +224,11 @@ pub struct QueueMetrics {
     /// Paused by [`Client::pause`](crate::Client::pause): claims take
     /// none of its rows until it is resumed.
     pub paused: bool,
+    /// Its rate limit, if it has one.
+    pub rate_limit: Option<RateLimit>,
+    /// Rows claimed within the last rate period (0 without a limit): the
+    /// limit minus this is what claims may take now.
+    pub rate_used: i64,
 }
 
 /// One row of `lease.in_flight`: a leased row.

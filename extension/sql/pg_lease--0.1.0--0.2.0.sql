@@ -4299,7 +4299,10 @@ SELECT q.name AS queue,
        coalesce(c.cancelled, 0) AS cancelled_total,
        q.recovered_total,
        coalesce(k.held, 0) AS held,
-       q.paused
+       q.paused,
+       q.rate_limit,
+       q.rate_period,
+       r.used AS rate_used
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -4313,7 +4316,11 @@ SELECT q.name AS queue,
                FROM lease.job j WHERE j.state = 'leased' GROUP BY j.queue) l ON l.queue = q.name
   LEFT JOIN (SELECT s.queue, sum(s.waiting)::bigint AS held FROM lease.key_slot s GROUP BY s.queue) k
          ON k.queue = q.name
-  CROSS JOIN LATERAL lease._queue_head(q.name) h;
+  CROSS JOIN LATERAL lease._queue_head(q.name) h
+  -- At most about a hundred entries (rate.sql).
+  CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0)::bigint AS used
+                        FROM unnest(q.rate_starts, q.rate_counts) AS u(s, n)
+                       WHERE u.s > clock_timestamp() - q.rate_period) r;
 
 COMMENT ON VIEW lease.metrics IS
 $$Per queue, at O(queues + leases in flight + distinct priorities) cost: ready rows (pending, next_at
@@ -4321,8 +4328,9 @@ reached), delayed rows (pending, next_at later), held rows (pending, waiting for
 concurrency_key; O(keys) to count), leased rows and those past expiry not yet reaped, dead
 letters, age of the oldest ready row, how long the oldest expired lease has waited for the reaper
 (reap_lag), and monotonic totals since install (enqueued, claimed, done, retried, dead, cancelled,
-recovered by reap), and whether the queue is paused (lease.pause: claims take none of its rows).
-Totals and gauges change only when a transaction that moved rows commits.$$;
+recovered by reap), whether the queue is paused (lease.pause: claims take none of its rows), and its rate
+limit (rate_limit rows per rate_period, NULL if none; see lease.create_queue) with the rows claimed in the
+last rate_period (rate_used). Totals and gauges change only when a transaction that moved rows commits.$$;
 
 CREATE FUNCTION lease._check_reader(view regclass) RETURNS void
 LANGUAGE plpgsql STABLE

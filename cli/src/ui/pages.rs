@@ -227,6 +227,13 @@ async fn queue_page(ui: &Ui, name: String, params: JobsParams) -> Reply {
         ],
         name_in_query: name_in_query(&name),
         paused: m.paused,
+        rate: m.rate_limit.map(|r| {
+            let period = span(r.period);
+            format!(
+                "Rate limit: {} rows per {period}; {} claimed in the last {period}.",
+                r.limit, m.rate_used
+            )
+        }),
         name,
         state: params.state,
         key: params.key,

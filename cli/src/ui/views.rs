@@ -89,6 +89,8 @@ pub struct QueuePage {
     pub name_in_query: bool,
     /// Paused (`lease.pause`): claims take none of its rows.
     pub paused: bool,
+    /// Its rate limit and what claims used of it, in words, if it has one.
+    pub rate: Option<String>,
     pub counts: Vec<(&'static str, i64)>,
     /// The state filter ("" for all) and the key filter.
     pub state: String,

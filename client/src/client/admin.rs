@@ -137,6 +137,8 @@ impl Client {
                         recovered_total: col(r, 14)?,
                         held: col(r, 15)?,
                         paused: col(r, 16)?,
+                        rate_limit: rate_limit(r, 17)?,
+                        rate_used: col(r, 19)?,
                     })
                 })
                 .collect()
@@ -256,13 +258,7 @@ impl Client {
                         restricted: col(r, 7)?,
                         attached: col(r, 8)?,
                         created_at: col(r, 9)?,
-                        rate_limit: match col::<Option<i32>>(r, 10)? {
-                            Some(limit) => Some(RateLimit {
-                                limit,
-                                period: from_micros(col(r, 11)?),
-                            }),
-                            None => None,
-                        },
+                        rate_limit: rate_limit(r, 10)?,
                     })
                 })
                 .collect()
@@ -400,5 +396,17 @@ fn job_record(r: &Row) -> Result<JobRecord> {
         created_at: col(r, 14)?,
         finished_at: col(r, 15)?,
         unique_key: col(r, 16)?,
+    })
+}
+
+/// A rate limit from columns `i` (the limit, NULL for none) and `i + 1`
+/// (the period in microseconds).
+fn rate_limit(r: &Row, i: usize) -> Result<Option<RateLimit>> {
+    Ok(match col::<Option<i32>>(r, i)? {
+        Some(limit) => Some(RateLimit {
+            limit,
+            period: from_micros(col(r, i + 1)?),
+        }),
+        None => None,
     })
 }

@@ -329,7 +329,9 @@ impl Query {
                 ", ",
                 as_micros!("reap_lag"),
                 ", enqueued_total, claimed_total, done_total, retried_total, dead_total, ",
-                "cancelled_total, recovered_total, held, paused FROM lease.read_metrics() ORDER BY queue"
+                "cancelled_total, recovered_total, held, paused, rate_limit, ",
+                as_micros!("rate_period"),
+                ", rate_used FROM lease.read_metrics() ORDER BY queue"
             ),
             S::InFlight => concat!(
                 "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
