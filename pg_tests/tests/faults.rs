@@ -34,6 +34,9 @@
 //! * `no_lost_work` — after the faults stop, every item is final within
 //!   hang budget + ttl + sweep interval + backoff + work time + slack.
 //! * `claim_limit` — no claim leased more rows than its limit.
+//! * `rate_limit` — no 250 ms hold more claimed rows than the queue's rate
+//!   limit, 3 (12 a second: the items come at about 7 a second, retries
+//!   and the backlogs of restarts in bursts).
 //! * `attempts_once_per_claim` — a claim spends one attempt, an expiry none
 //!   (so each expiry costs exactly one attempt), an abandon gives one back:
 //!   the owner's release (same epoch) acknowledging a cancel, or of a row
@@ -62,6 +65,8 @@
 //!   one_valid_owner 74;
 //! * `claim_keeps_epoch` → epochs_increase 212;
 //! * `claim_over_limit` (`LIMIT n + 1`) → claim_limit 1;
+//! * `rate_ignores_limit` (a claim takes every row it asks for, whatever
+//!   the rate limit) → rate_limit 6;
 //! * `reap_spends_attempt` → attempts_once_per_claim 28;
 //! * `reap_forgets_cancel` → cancel_never_lost 4;
 //! * `fenced_update_ignores_epoch` → stale_ops_change_nothing 2;
@@ -310,7 +315,8 @@ impl Excused {
 
 const SETUP: &str = r#"
 SELECT lease.create_queue('q', max_attempts => 1000, backoff_base => '10 milliseconds',
-                          backoff_max => '200 milliseconds', retention => '1 hour');
+                          backoff_max => '200 milliseconds', retention => '1 hour',
+                          rate_limit => 3, rate_period => '250 milliseconds');
 CREATE SCHEMA fault;
 -- The domain table: one row per item, written by fenced writes.
 CREATE TABLE fault.items (
@@ -479,6 +485,18 @@ SELECT NULL::bigint, format('claim by %s at %s asked for %s rows, returned %s, l
  WHERE c.got > c.lim OR coalesce(h.n, 0) > c.lim"#,
     ),
     (
+        "rate_limit",
+        // Each claim leased its rows until its time plus the ttl.
+        r#"
+SELECT NULL::bigint, format('%s rows claimed in the 250 ms from %s (the queue allows 3)', n, s)
+  FROM (SELECT new_until - interval '400 milliseconds' AS s,
+               count(*) OVER (ORDER BY new_until
+                              RANGE BETWEEN CURRENT ROW AND interval '249999 microseconds' FOLLOWING) AS n
+          FROM fault.history
+         WHERE tg_op = 'UPDATE' AND old_state = 'pending' AND new_state = 'leased') x
+ WHERE n > 3"#,
+    ),
+    (
         "attempts_once_per_claim",
         r#"
 SELECT item, format('item %s at %s: %s -> %s, epoch %s -> %s, attempt %s -> %s (row had attempt %s)',
@@ -573,6 +591,11 @@ async fn apply_break(db: &mut Db, name: &str) {
             "lease._reap(integer,text)",
             "lease._next_state('retry', j.cancel_requested,",
             "lease._next_state('retry', false,",
+        ),
+        "rate_ignores_limit" => (
+            "lease._rate_permits(text,integer)",
+            "permitted := least(wanted, greatest(lim - used, 0));",
+            "permitted := wanted;",
         ),
         "fenced_update_ignores_epoch" => (
             "lease.fenced_update(bigint,bigint,jsonb)",
