@@ -62,7 +62,7 @@ BEGIN
     END IF;
     -- Only a limited queue's claims take turns (rate.sql).
     IF limited THEN
-        SELECT r.permitted, r.at INTO n, t FROM lease._rate_permits(q, n) AS r;
+        SELECT r.permitted, r.at INTO n, t FROM lease._rate_take(q, n) AS r;
         IF n = 0 THEN
             RETURN;
         END IF;
@@ -131,6 +131,9 @@ BEGIN
      ORDER BY c.priority DESC, c.rank, c.next_at, c.id;
 
     GET DIAGNOSTICS got = ROW_COUNT;
+    IF limited AND got < n THEN
+        PERFORM lease._rate_give_back(q, (n - got)::integer);
+    END IF;
     IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
         PERFORM lease._checked_queue(q);
@@ -138,9 +141,6 @@ BEGIN
         -- New leases: the reaper has work here once they may expire, and
         -- their rows count towards waking it for a vacuum.
         PERFORM lease._reaper_touch(got);
-        IF limited THEN
-            PERFORM lease._rate_spend(q, t, got::integer);
-        END IF;
         -- lease._count's upsert, written out: on the batch-1 path calling
         -- _count cost as much as its upsert (docs/archive/performance-history.md, the
         -- callgrind table).

@@ -15,7 +15,7 @@
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, keys, enqueue, renew, client, worker, latency, metrics, dashboard, pinned, churn, reaper, sweep,
+//! sections: claim, keys, rate, enqueue, renew, client, worker, latency, metrics, dashboard, pinned, churn, reaper, sweep,
 //!           instructions, citus
 //! ```
 //!
@@ -30,6 +30,7 @@ mod instructions;
 mod keys;
 mod metrics;
 mod pgbench;
+mod rate;
 mod reaper;
 mod report;
 mod scenarios;
@@ -48,6 +49,7 @@ use crate::scenarios::{connect, Bench, Res, Size};
 const SECTIONS: &[&str] = &[
     "claim",
     "keys",
+    "rate",
     "enqueue",
     "renew",
     "client",
@@ -210,6 +212,7 @@ fn run() -> Res<()> {
             match *section {
                 "claim" => bench.claim_complete(&mut results).await?,
                 "keys" => bench.keys(&mut results).await?,
+                "rate" => bench.rate(&mut results).await?,
                 "enqueue" => bench.enqueue(&mut results).await?,
                 "renew" => bench.renew(&mut results).await?,
                 "client" => bench.client(&mut results).await?,

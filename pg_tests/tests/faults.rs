@@ -593,7 +593,7 @@ async fn apply_break(db: &mut Db, name: &str) {
             "lease._next_state('retry', false,",
         ),
         "rate_ignores_limit" => (
-            "lease._rate_permits(text,integer)",
+            "lease._rate_take(text,integer)",
             "permitted := least(wanted, greatest(lim - used, 0));",
             "permitted := wanted;",
         ),
