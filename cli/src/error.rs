@@ -121,7 +121,7 @@ impl CliError {
     pub fn of_command(self, needs: String) -> CliError {
         match self {
             CliError::Client(e) => match e.sqlstate() {
-                Some("3F000" | "42P01") => CliError::NotInstalled(e),
+                Some("3F000" | "42P01" | "42883") => CliError::NotInstalled(e),
                 Some("42501") => CliError::NotAllowed { needs, source: e },
                 _ => CliError::Client(e),
             },

@@ -37,7 +37,11 @@ async fn an_operator_finds_and_requeues_a_dead_letter() {
         .map(str::to_owned)
         .expect("a line for the queue");
     let cells: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(&cells[..3], ["emails", "1", "1"], "pending, ready: {line}");
+    assert_eq!(
+        &cells[..4],
+        ["emails", "running", "1", "1"],
+        "state, pending, ready: {line}"
+    );
 
     let dead = pg_lease(&url, &["dead", "--queue", "emails"]);
     assert!(stdout(&dead).contains(&dead_id.to_string()), "{dead:?}");

@@ -67,10 +67,10 @@ fn status_before_the_sweep(url: &str, version: &str, id: i64) {
         text.starts_with(&format!("pg_lease {version} in database \"{TEST_DB}\"")),
         "{text}"
     );
-    // queue, pending, ready, leased, expired
+    // queue, state, pending, ready, leased, expired
     assert_eq!(
-        line_cells(&status, "emails")[..5],
-        ["emails", "1", "1", "1", "1"],
+        line_cells(&status, "emails")[..6],
+        ["emails", "running", "1", "1", "1", "1"],
         "{text}"
     );
     assert!(
@@ -141,7 +141,7 @@ fn queues_show_policies(url: &str) {
     assert_exit(&queues, 0);
     let reports = line_cells(&queues, "reports").join(" ");
     assert!(
-        reports.starts_with("reports 25 1 s..1 h none 1 h 7 d granted 0"),
+        reports.starts_with("reports running 25 1 s..1 h none 1 h 7 d granted 0"),
         "{reports}"
     );
     let queues = pg_lease_json(url, &["queues"]);

@@ -21,6 +21,14 @@ const INVALID_INPUT: &[SqlState] = &[
     SqlState::DATETIME_FIELD_OVERFLOW,
 ];
 
+/// SQLSTATEs of a statement of this client that names an object of
+/// pg_lease the database does not have.
+const NOT_INSTALLED: &[SqlState] = &[
+    SqlState::INVALID_SCHEMA_NAME,
+    SqlState::UNDEFINED_FUNCTION,
+    SqlState::UNDEFINED_TABLE,
+];
+
 /// Everything that can go wrong, in three families a caller usually treats
 /// differently:
 ///
@@ -83,6 +91,18 @@ pub enum Error {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
 
+    /// The database has no pg_lease, or one older than this client: a
+    /// schema, function or view of it is missing (SQLSTATE `3F000`,
+    /// `42883` or `42P01`). Retrying will not help until it is installed
+    /// or upgraded (`CREATE EXTENSION pg_lease`, `pg-lease upgrade`).
+    #[error("pg_lease is not installed in this database, or is older than this client ({code}): {message}")]
+    NotInstalled {
+        /// SQLSTATE.
+        code: String,
+        /// What the server said was missing.
+        message: String,
+    },
+
     /// A payload could not be serialized to, or deserialized from, JSON.
     #[error("payload is not the expected JSON: {0}")]
     Payload(#[from] serde_json::Error),
@@ -129,12 +149,16 @@ impl Error {
         )
     }
 
-    /// True for [`Error::InvalidInput`], [`Error::Payload`] and
-    /// [`Error::PermissionDenied`]: retrying the same request will fail again.
+    /// True for [`Error::InvalidInput`], [`Error::Payload`],
+    /// [`Error::PermissionDenied`] and [`Error::NotInstalled`]: retrying the
+    /// same request will fail again.
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
-            Error::InvalidInput { .. } | Error::Payload(_) | Error::PermissionDenied(_)
+            Error::InvalidInput { .. }
+                | Error::Payload(_)
+                | Error::PermissionDenied(_)
+                | Error::NotInstalled { .. }
         )
     }
 
@@ -162,6 +186,7 @@ impl Error {
             Error::LeaseLost { .. } | Error::NamedLeaseLost { .. } => Some(LEASE_LOST_SQLSTATE),
             Error::Connection(e) | Error::Database(e) => e.as_db_error().map(|d| d.code().code()),
             Error::InvalidInput { code, .. } if code != "client" => Some(code),
+            Error::NotInstalled { code, .. } => Some(code),
             Error::PermissionDenied(_) => Some("42501"),
             #[cfg(feature = "sqlx")]
             Error::Sqlx(e) => pg_error_of(e).map(|db| db.code()),
@@ -183,6 +208,12 @@ impl Error {
         let state = SqlState::from_code(code);
         if INVALID_INPUT.contains(&state) {
             return Some(Error::InvalidInput {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            });
+        }
+        if NOT_INSTALLED.contains(&state) {
+            return Some(Error::NotInstalled {
                 code: code.to_owned(),
                 message: message.to_owned(),
             });

@@ -118,3 +118,34 @@ async fn a_release_that_keeps_failing_gives_its_slot_back() {
     .await;
     stop(shutdown, run).await;
 }
+
+/// A Worker pointed at a database without pg_lease stops at once and says
+/// why, as one given a queue that does not exist does, instead of retrying
+/// its claim several times a second for ever.
+///
+/// Failed before: `run` was still retrying after 3 s (the error was a
+/// plain database error, which the Worker retries).
+#[tokio::test]
+async fn a_worker_on_a_database_without_pg_lease_stops_and_says_why() {
+    let cluster = Cluster::start_with(pg_tests::ClusterConfig {
+        create_extension: false,
+        ..pg_tests::ClusterConfig::default()
+    });
+    let worker = Worker::new(
+        pg_tests::jobs::client(&cluster).await,
+        WorkerConfig::new("q"),
+        |_job| async { Ok(Outcome::Done) },
+    );
+    let ran = tokio::time::timeout(
+        Duration::from_secs(3),
+        worker.run(pg_lease_client::CancellationToken::new()),
+    )
+    .await
+    .expect("the Worker stops by itself");
+    let err = ran.expect_err("no pg_lease, no work");
+    assert!(
+        matches!(err, pg_lease_client::Error::NotInstalled { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not installed"), "{err}");
+}
