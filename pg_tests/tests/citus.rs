@@ -375,6 +375,7 @@ async fn a_worker_runs_unchanged_on_a_distributed_install() {
             "lease.release(",
             "lease.release_batch(",
             "lease.ready_channel(",
+            "lease.rate_wait(",
         ]
         .into_iter()
         .find(|f| {

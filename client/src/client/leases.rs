@@ -6,7 +6,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::rows::{
-    check_order, claimed_from, col, count_arg, from_micros, micros, renewal_from_row, split,
+    check_order, claimed_from, col, count_arg, micros, renewal_from_row, split, Interval,
 };
 use super::statements::Query;
 use super::Client;
@@ -38,7 +38,7 @@ impl Client {
     pub async fn rate_wait(&self, queue: &str) -> Result<Option<Duration>> {
         self.call(|c| async move {
             let row = c.query_one(Query::RateWait, &[&queue]).await?;
-            Ok(col::<Option<i64>>(&row, 0)?.map(from_micros))
+            Ok(col::<Option<Interval>>(&row, 0)?.map(|w| w.0))
         })
         .await
     }

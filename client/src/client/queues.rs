@@ -56,10 +56,11 @@ impl Client {
         let concurrency = options.concurrency;
         let max_payload = options.max_payload_bytes;
         let rate_limit = options.rate_limit.map(|r| r.limit);
-        let rate_period = match options.rate_limit {
-            Some(r) => micros(r.period, "rate_period")?,
-            None => micros(Duration::from_secs(1), "rate_period")?,
-        };
+        // The SQL function's default period when there is no limit.
+        let rate_period = options
+            .rate_limit
+            .map_or(Duration::from_secs(1), |r| r.period);
+        let rate_period = micros(rate_period, "rate_period")?;
         self.call(|c| async move {
             c.query(
                 Query::CreateQueue,

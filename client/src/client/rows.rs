@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_postgres::types::FromSql;
+use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::Row;
 
 use crate::error::{Error, Result};
@@ -13,6 +13,37 @@ use crate::lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Renewal
 pub(super) fn col<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
     row.try_get(i)
         .map_err(|e| Error::Protocol(format!("column {i}: {e}")))
+}
+
+/// An `interval` column as a duration (months as 30 days, as PostgreSQL's
+/// `extract(epoch ...)` counts them; negative as zero). The statements read
+/// intervals as microseconds in SQL, but a call that a distributed install
+/// must forward has to be the whole select list.
+pub(super) struct Interval(pub(super) Duration);
+
+impl<'a> FromSql<'a> for Interval {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        // Binary form: microseconds (i64), days (i32), months (i32).
+        let field = |at: usize, len: usize| raw.get(at..at + len).ok_or("interval too short");
+        let micros = i64::from_be_bytes(field(0, 8)?.try_into()?);
+        let days = i32::from_be_bytes(field(8, 4)?.try_into()?);
+        let months = i32::from_be_bytes(field(12, 4)?.try_into()?);
+        const DAY: i64 = 86_400_000_000;
+        let total = (i64::from(months) * 30 + i64::from(days))
+            .checked_mul(DAY)
+            .and_then(|d| d.checked_add(micros))
+            .ok_or("interval out of range")?;
+        Ok(Interval(Duration::from_micros(
+            u64::try_from(total).unwrap_or_default(),
+        )))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::INTERVAL
+    }
 }
 
 /// What `lease.cancel` and `lease.cancel_key` answered.

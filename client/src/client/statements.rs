@@ -401,10 +401,10 @@ impl Query {
             S::Unschedule => "SELECT lease.unschedule(name => $1::text)",
             S::ApplyWriteBacks => "SELECT lease.apply_write_backs(max_rows => $1::int)",
             S::Pause => "SELECT lease.pause(queue => $1::text)",
-            S::RateWait => concat!(
-                "SELECT ",
-                as_micros!("lease.rate_wait(queue => $1::text)")
-            ),
+            // The call alone, its interval read by `rows::Interval`: a
+            // distributed install forwards it to the queue's node only so
+            // (inside an expression it runs on the coordinator).
+            S::RateWait => "SELECT lease.rate_wait(queue => $1::text)",
             S::Resume => "SELECT lease.resume(queue => $1::text)",
             S::PurgeDead => "SELECT lease.purge_dead(queue => $1::text)",
             S::JobSummaries => jobs_in_states!(job_summary_columns),

@@ -409,7 +409,7 @@ fn claimed(
                     claims.recheck = RECHECK_FIRST;
                 }
                 if let Some(wait) = rate_wait {
-                    // Rows are there, held back by the rate limit: claim
+                    // The rate limit holds back what rows there are: claim
                     // again when it lets one through, not a poll later.
                     claims.idle = true;
                     claims.not_before = Instant::now() + wait.min(cfg.poll_interval);
