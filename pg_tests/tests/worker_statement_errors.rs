@@ -131,11 +131,13 @@ async fn a_worker_on_a_database_without_pg_lease_stops_and_says_why() {
         create_extension: false,
         ..pg_tests::ClusterConfig::default()
     });
-    let worker = Worker::new(
-        pg_tests::jobs::client(&cluster).await,
-        WorkerConfig::new("q"),
-        |_job| async { Ok(Outcome::Done) },
-    );
+    // As the superuser: without the extension, the install without the
+    // library has no owner role either.
+    let conn = cluster.conn_string_as(pg_tests::TEST_DB, pg_tests::SUPERUSER);
+    let client = Client::connect(&conn).await.expect("connect");
+    let worker = Worker::new(client, WorkerConfig::new("q"), |_job| async {
+        Ok(Outcome::Done)
+    });
     let ran = tokio::time::timeout(
         Duration::from_secs(3),
         worker.run(pg_lease_client::CancellationToken::new()),
