@@ -170,7 +170,8 @@ BEGIN
     -- Ids stay unique across nodes by lease._assign_id_ranges.
     ALTER TABLE lease.job DROP CONSTRAINT job_pkey, ADD PRIMARY KEY (id, queue);
     PERFORM create_distributed_table('lease.queue', 'name');
-    FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session'] LOOP
+    FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session',
+                                'lease.rate_share'] LOOP
         PERFORM create_distributed_table(t::regclass, 'queue', colocate_with := 'lease.queue');
     END LOOP;
     -- The functions forwarded to the node of their queue, with the argument

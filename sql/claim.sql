@@ -40,6 +40,10 @@ DECLARE
     restricted boolean;
     paused boolean;
     limited boolean;
+    per interval;
+    -- What a rate limit let this claim take, and from where (rate.sql).
+    shares integer[];
+    takes integer[];
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
@@ -50,8 +54,8 @@ BEGIN
         PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
                 lease._checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL
-      INTO restricted, raised, paused, limited
+    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL, qu.rate_period
+      INTO restricted, raised, paused, limited, per
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -60,9 +64,9 @@ BEGIN
     IF paused THEN
         RETURN;
     END IF;
-    -- Only a limited queue's claims take turns (rate.sql).
+    -- Only a limited queue's claims take permits (rate.sql).
     IF limited THEN
-        SELECT r.permitted, r.at INTO n, t FROM lease._rate_take(q, n) AS r;
+        SELECT r.permitted, r.at, r.shares, r.takes INTO n, t, shares, takes FROM lease._rate_take(q, per, n) AS r;
         IF n = 0 THEN
             RETURN;
         END IF;
@@ -131,8 +135,8 @@ BEGIN
      ORDER BY c.priority DESC, c.rank, c.next_at, c.id;
 
     GET DIAGNOSTICS got = ROW_COUNT;
-    IF limited AND got < n THEN
-        PERFORM lease._rate_give_back(q, (n - got)::integer);
+    IF limited AND got > 0 THEN
+        PERFORM lease._rate_record(q, per, t, shares, takes, got::integer);
     END IF;
     IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
@@ -165,8 +169,8 @@ the database clock. One statement; rows are taken, and returned,
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for; a paused queue (lease.pause) gives none, and a queue with a rate limit (lease.create_queue)
 no more than it allows (lease_until - TTL is the time the limit counts the rows claimed at; see
-lease.rate_wait): the claims of such a queue take turns until their transactions end, and one that waits
-100 ms for its turn gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
+lease.rate_wait): its permits are dealt out in sixteen shares, each held by one claim until its transaction
+ends, and a claim that finds every share held for 100 ms gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;

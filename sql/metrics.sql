@@ -271,7 +271,7 @@ SELECT q.name AS queue,
        q.paused,
        q.rate_limit,
        q.rate_period,
-       r.used AS rate_used
+       coalesce(r.used, 0) AS rate_used
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -286,10 +286,11 @@ SELECT q.name AS queue,
   LEFT JOIN (SELECT s.queue, sum(s.waiting)::bigint AS held FROM lease.key_slot s GROUP BY s.queue) k
          ON k.queue = q.name
   CROSS JOIN LATERAL lease._queue_head(q.name) h
-  -- At most about a hundred entries (rate.sql).
-  CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0)::bigint AS used
-                        FROM unnest(q.rate_starts, q.rate_counts) AS u(s, n)
-                       WHERE u.s > clock_timestamp() - q.rate_period) r;
+  -- Sixteen rows of at most about a hundred entries each (rate.sql).
+  LEFT JOIN (SELECT s.queue, sum(lease._rate_used(s.starts, s.counts, clock_timestamp() - sq.rate_period))::bigint AS used
+               FROM lease.rate_share s JOIN lease.queue sq ON sq.name = s.queue
+              WHERE sq.rate_limit IS NOT NULL
+              GROUP BY s.queue) r ON r.queue = q.name;
 
 COMMENT ON VIEW lease.metrics IS
 $$Per queue, at O(queues + leases in flight + distinct priorities) cost: ready rows (pending, next_at

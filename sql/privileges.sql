@@ -148,6 +148,8 @@ SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
 -- The concurrency slots must match the restored rows too.
 SELECT pg_catalog.pg_extension_config_dump('lease.key_slot', '');
+-- And the rate limits' records of what they let through.
+SELECT pg_catalog.pg_extension_config_dump('lease.rate_share', '');
 
 -- Job ids are half of every fencing token, so a reinstall must never issue
 -- an id the previous install issued. The WAL position only grows in a

@@ -74,9 +74,19 @@ BEGIN
             jitter         = EXCLUDED.jitter,
             concurrency    = EXCLUDED.concurrency,
             max_payload_bytes = EXCLUDED.max_payload_bytes,
-            -- The claims already counted keep counting under a new limit.
             rate_limit     = EXCLUDED.rate_limit,
             rate_period    = EXCLUDED.rate_period;
+    IF rate_limit IS NOT NULL THEN
+        -- Dealt out over the sixteen shares (rate.sql). The claims already
+        -- counted keep counting under a new limit: a share over its new
+        -- part lets nothing through until it is below.
+        INSERT INTO lease.rate_share AS r (queue, share, permits)
+        SELECT create_queue.name, s, create_queue.rate_limit / 16 + (s < create_queue.rate_limit % 16)::integer
+          FROM generate_series(0, 15) AS s
+            ON CONFLICT ON CONSTRAINT rate_share_pkey DO UPDATE
+           SET permits = excluded.permits
+         WHERE r.permits <> excluded.permits;
+    END IF;
     -- A raised (or removed) limit admits held rows now.
     PERFORM lease._top_up_slots(name);
 END
@@ -98,9 +108,10 @@ form (octet_length(payload::text), whether or not it would be stored compressed)
 rate_limit, rate_period: claims take at most rate_limit rows (1..100000) in any span of rate_period (more than
 0, at most 1 day; default 1 second), whatever the number of workers: each row claimed counts from its claim
 until rate_period later (a sliding window; see lease.rate_wait). NULL (default): no limit. Rows held back stay
-pending and are claimable as soon as the limit allows. Claims of a limited queue take turns until their
-transactions end: one that comes while another is still in its transaction waits for it at most 100 ms and
-then takes nothing, so claim such a queue in short transactions. The rate limit applies after lease.pause and before
+pending and are claimable as soon as the limit allows. The limit is dealt out in sixteen shares, each held
+by one claim from its count to the end of its transaction: up to sixteen claims count side by side, and a
+claim that finds every share held waits at most 100 ms and then takes nothing, so claim such a queue in
+short transactions. The rate limit applies after lease.pause and before
 concurrency (held rows are never claimed) and priorities; lease.reclaim_own, which takes back leases already
 started, is not counted.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
@@ -172,7 +183,7 @@ $$Deletes every dead letter of QUEUE now, whatever its dead_retention, and retur
 queue NULL; 42704 no such queue; 42809 the queue is fed by an attached table.$$;
 
 -- What dropping a queue deletes, for drop_queue and for detach (its grants,
--- key_slot and schedule rows go by their foreign keys).
+-- key_slot, rate_share and schedule rows go by their foreign keys).
 CREATE FUNCTION lease._delete_queue(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$

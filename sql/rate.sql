@@ -2,119 +2,165 @@
 -- rate_period, by the database clock. Each claimed row holds one of the
 -- queue's rate_limit permits from its claim until rate_period later: a
 -- sliding window. (A bucket of N refilled at N per period would let 2N
--- through in a period that starts with the bucket full.) The claims of the
--- window are kept in the queue's row (about a hundred entries), and claims
--- of a limited queue take turns on that row until their transactions end,
--- so each counts every claim before it, whatever the number of claimers.
--- A claim waits for its turn at most 100 ms and then takes nothing: a
--- claim left in an open transaction must not hang every other claimer.
--- (Taking nothing at once instead made claimers spin: on a distributed
--- install sixteen of them used 80% of the limit, starving the turn's
--- holder.)
+-- through in a period that starts with the bucket full.)
+--
+-- The permits are dealt out in sixteen shares, rows of lease.rate_share,
+-- each keeping the claims of the window it let through. A claim locks a
+-- share no other transaction holds (SKIP LOCKED), counts what it has left,
+-- and moves to the next until it has what it wants; once it knows how many
+-- rows it found, it records them in those shares, which it holds until its
+-- transaction ends, so every share counts every claim before it. No
+-- share lets more than its part through, so neither does the queue,
+-- whatever the number of claimers, and sixteen claimers take permits side
+-- by side. (One row for the whole queue made claims take turns for the
+-- length of a transaction: a drain with sixteen claimers ran at 0.4x of
+-- none, and claimers polling for the turn went without it for 100 ms
+-- under load, taking nothing while rows were ready.)
 
-CREATE FUNCTION lease._rate_take(queue text, wanted integer, OUT permitted integer, OUT at timestamptz)
+CREATE TABLE lease.rate_share (
+    queue  text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    share  integer NOT NULL CHECK (share BETWEEN 0 AND 15),
+    -- This share's part of the queue's rate_limit: their sum is the limit.
+    permits integer NOT NULL CHECK (permits >= 0),
+    -- The claims of the last rate_period, oldest first: when (the database
+    -- clock, as the claim stamped its rows) and how many rows each took.
+    starts timestamptz[] NOT NULL DEFAULT '{}',
+    counts integer[] NOT NULL DEFAULT '{}',
+    PRIMARY KEY (queue, share)
+)
+-- Rewritten on every claim of its queue: room for HOT.
+WITH (fillfactor = 50);
+
+COMMENT ON TABLE lease.rate_share IS
+    'Per queue with a rate limit: the sixteen shares of its permits and the claims each let through in the last rate_period. Kept by lease.create_queue and lease.claim_pending.';
+
+CREATE FUNCTION lease._rate_used(starts timestamptz[], counts integer[], since timestamptz) RETURNS bigint
+-- plpgsql, whose plan a session keeps: a SQL function with a subquery is
+-- never inlined, and was parsed and planned again on every claim (60 us).
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT coalesce(sum(u.n), 0) FROM unnest(starts, counts) AS u(s, n) WHERE u.s > since);
+END
+$$;
+
+COMMENT ON FUNCTION lease._rate_used(timestamptz[], integer[], timestamptz) IS
+    'Internal: how many rows the claims of STARTS (when) and COUNTS (how many) took after SINCE.';
+
+CREATE FUNCTION lease._rate_take(queue text, period interval, wanted integer,
+                                 OUT permitted integer, OUT at timestamptz,
+                                 OUT shares integer[], OUT takes integer[])
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     deadline constant timestamptz := clock_timestamp() + interval '100 milliseconds';
+    -- Claimers start at different shares, and so rarely meet.
+    first constant integer := pg_backend_pid() % 16;
     nap float8 := 0.001;
-    lim integer;
-    period interval;
-    starts timestamptz[];
-    counts integer[];
-    used bigint;
-    last integer;
+    seen integer[] := '{}';
+    s integer;
+    share_permits integer;
+    kept_starts timestamptz[];
+    kept_counts integer[];
+    take integer;
 BEGIN
-    -- Polled, not waited for: a lock_timeout would bound the wait only
-    -- where this function runs, and on a distributed install a claim in a
-    -- transaction block runs on the coordinator and waits on the node.
+    permitted := 0;
+    shares := '{}';
+    takes := '{}';
     LOOP
-        -- NO KEY: enqueues (their key share of the queue row) go on meanwhile.
-        SELECT q.rate_limit, q.rate_period, q.rate_starts, q.rate_counts INTO lim, period, starts, counts
-          FROM lease.queue q
-         WHERE q.name = _rate_take.queue
+        -- NO KEY: a queue dropped meanwhile waits for this claim.
+        SELECT r.share, r.permits, r.starts, r.counts INTO s, share_permits, kept_starts, kept_counts
+          FROM lease.rate_share r
+         WHERE r.queue = _rate_take.queue AND r.permits > 0 AND r.share <> ALL (seen)
+         ORDER BY (r.share - first + 16) % 16
+         LIMIT 1
            FOR NO KEY UPDATE SKIP LOCKED;
-        EXIT WHEN FOUND;
-        IF clock_timestamp() > deadline THEN
-            -- Another claim's turn has lasted too long.
-            permitted := 0;
-            at := clock_timestamp();
-            RETURN;
+        IF NOT FOUND THEN
+            -- Every share was looked at, or the rest are other claims'.
+            -- Having none, wait for them (they end with their claims),
+            -- but never for a claim left in an open transaction.
+            EXIT WHEN cardinality(seen) > 0 OR clock_timestamp() > deadline
+                   OR NOT EXISTS (SELECT FROM lease.rate_share r
+                                   WHERE r.queue = _rate_take.queue AND r.permits > 0);
+            PERFORM pg_sleep(nap);
+            nap := least(nap * 2, 0.02);
+            CONTINUE;
         END IF;
-        -- Doubling, so that many claimers waiting leave the turn's holder
-        -- the CPU.
-        PERFORM pg_sleep(nap);
-        nap := least(nap * 2, 0.02);
+        seen := seen || s;
+        -- Counted from the time of the lock, before AT: a little more than
+        -- AT's window, never less. (In the locking SELECT, this counted
+        -- every share's record before taking one.)
+        take := least(wanted - permitted,
+                      greatest(share_permits - lease._rate_used(kept_starts, kept_counts, clock_timestamp() - period), 0));
+        CONTINUE WHEN take = 0;
+        permitted := permitted + take;
+        shares := shares || s;
+        takes := takes || take;
+        EXIT WHEN permitted = wanted;
     END LOOP;
-    -- Read once the row is ours: the stamps of one queue's claims rise in
-    -- the order they hold it, so an entry older than a window is old for
-    -- every claim after this one too, and is dropped.
+    -- Read once the shares are this claim's: the times of one share's
+    -- claims rise in the order they hold it, so its record (and the
+    -- window each claim counts) keeps their order.
     at := clock_timestamp();
-    IF lim IS NULL THEN
-        -- The limit was removed while this claim waited.
-        permitted := wanted;
-        RETURN;
-    END IF;
-    SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}'),
-           coalesce(sum(u.n), 0)
-      INTO starts, counts, used
-      FROM unnest(starts, counts) WITH ORDINALITY AS u(s, n, o)
-     WHERE u.s > at - period;
-    permitted := least(wanted, greatest(lim - used, 0));
-    IF permitted = 0 THEN
-        RETURN;
-    END IF;
-    -- Taken now, while the row is read, and given back by the claim if it
-    -- finds fewer rows (lease._rate_give_back). A claim within a hundredth
-    -- of a period of the last one joins its entry, which takes the later
-    -- time: its rows count a little longer, never shorter, and the row
-    -- keeps about a hundred entries at any claim rate (one per claim, it
-    -- grew with the rate, and so did the cost of every claim).
-    last := cardinality(starts);
-    IF last > 0 AND starts[last] > at - period / 100 THEN
-        starts[last] := at;
-        counts[last] := counts[last] + permitted;
-    ELSE
-        starts := starts || at;
-        counts := counts || permitted;
-    END IF;
-    -- From variables: on a distributed install (citus.sql) the UPDATE runs
-    -- on the queue's node, which takes no subquery of its own row in SET.
-    UPDATE lease.queue q
-       SET rate_starts = starts,
-           rate_counts = counts
-     WHERE q.name = _rate_take.queue;
 END
 $$;
 
-COMMENT ON FUNCTION lease._rate_take(text, integer) IS
-$$Internal (lease.claim_pending): locks QUEUE's row until the transaction ends, takes as many of WANTED rows
-as its rate limit lets a claim take now (0 if another transaction held the row for 100 ms), records them
-taken at AT (the database clock, read after the lock), and returns both.$$;
+COMMENT ON FUNCTION lease._rate_take(text, interval, integer) IS
+$$Internal (lease.claim_pending): finds how many of WANTED rows QUEUE's rate limit (counting PERIOD) lets a
+claim take now from the shares (lease.rate_share) no other transaction holds, locking them until the
+transaction ends (waiting up to 100 ms if other transactions hold every share), and returns how many
+(PERMITTED), from which shares (SHARES, TAKES), and the time to stamp the rows with (AT, the database clock,
+read after the locks).$$;
 
-CREATE FUNCTION lease._rate_give_back(queue text, unused integer) RETURNS void
+CREATE FUNCTION lease._rate_record(queue text, period interval, at timestamptz,
+                                   shares integer[], takes integer[], claimed integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    counts integer[];
-    lim integer;
+    kept_starts timestamptz[];
+    kept_counts integer[];
+    take integer;
+    last integer;
 BEGIN
-    -- The row is this transaction's since lease._rate_take: its last entry
-    -- holds what that took, unless there was no limit to take from.
-    SELECT q.rate_counts, q.rate_limit INTO counts, lim FROM lease.queue q WHERE q.name = _rate_give_back.queue;
-    IF lim IS NULL THEN
-        RETURN;
-    END IF;
-    counts[cardinality(counts)] := counts[cardinality(counts)] - unused;
-    UPDATE lease.queue q SET rate_counts = counts WHERE q.name = _rate_give_back.queue;
+    FOR i IN 1 .. cardinality(shares) LOOP
+        EXIT WHEN claimed = 0;
+        take := least(claimed, takes[i]);
+        claimed := claimed - take;
+        -- Claims after this one read their times after it ends: an entry
+        -- a period older than AT is old for all of them too.
+        SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
+          INTO kept_starts, kept_counts
+          FROM lease.rate_share r
+         CROSS JOIN LATERAL unnest(r.starts, r.counts) WITH ORDINALITY AS u(s, n, o)
+         WHERE r.queue = _rate_record.queue AND r.share = shares[i] AND u.s > at - period;
+        -- A claim within a hundredth of a period of the share's last one
+        -- joins its entry, at its own (later) time: those rows count a
+        -- little longer, never shorter, and a share keeps about a hundred
+        -- entries at any claim rate.
+        last := cardinality(kept_starts);
+        IF last > 0 AND kept_starts[last] > at - period / 100 THEN
+            kept_starts[last] := at;
+            kept_counts[last] := kept_counts[last] + take;
+        ELSE
+            kept_starts := kept_starts || at;
+            kept_counts := kept_counts || take;
+        END IF;
+        -- From variables: on a distributed install (citus.sql) the UPDATE
+        -- runs on the queue's node, which takes no subquery in SET.
+        UPDATE lease.rate_share r
+           SET starts = kept_starts,
+               counts = kept_counts
+         WHERE r.queue = _rate_record.queue AND r.share = shares[i];
+    END LOOP;
 END
 $$;
 
-COMMENT ON FUNCTION lease._rate_give_back(text, integer) IS
-$$Internal (lease.claim_pending): gives back UNUSED of the rows lease._rate_take took for QUEUE in this
-transaction, which the claim did not find.$$;
+COMMENT ON FUNCTION lease._rate_record(text, interval, timestamptz, integer[], integer[], integer) IS
+$$Internal (lease.claim_pending): records CLAIMED rows, taken at AT, in the shares of QUEUE (whose limit
+counts PERIOD) that lease._rate_take locked for them in this transaction (TAKES of SHARES, in order).$$;
 
 CREATE FUNCTION lease.rate_wait(queue text DEFAULT 'default') RETURNS interval
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -125,13 +171,11 @@ DECLARE
     t constant timestamptz := clock_timestamp();
     lim integer;
     period interval;
-    starts timestamptz[];
-    counts integer[];
     restricted boolean;
-    used bigint;
+    free boolean;
+    soonest timestamptz;
 BEGIN
-    SELECT qu.rate_limit, qu.rate_period, qu.rate_starts, qu.rate_counts, qu.restricted
-      INTO lim, period, starts, counts, restricted
+    SELECT qu.rate_limit, qu.rate_period, qu.restricted INTO lim, period, restricted
       FROM lease.queue qu
      WHERE qu.name = q;
     IF restricted THEN
@@ -140,12 +184,16 @@ BEGIN
     IF lim IS NULL THEN
         RETURN NULL;
     END IF;
-    SELECT coalesce(sum(u.n), 0) INTO used FROM unnest(starts, counts) AS u(s, n) WHERE u.s > t - period;
-    IF used < lim THEN
+    -- A share's permits come back oldest claim first.
+    SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
+           min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
+      INTO free, soonest
+      FROM lease.rate_share r
+     WHERE r.queue = q AND r.permits > 0;
+    IF free THEN
         RETURN interval '0';
     END IF;
-    -- Permits come back oldest claim first.
-    RETURN (SELECT min(u.s) FROM unnest(starts) AS u(s) WHERE u.s > t - period) + period - t;
+    RETURN greatest(soonest + period - t, interval '0');
 END
 $$;
 

@@ -74,10 +74,6 @@ CREATE TABLE lease.queue (
     -- NULL: no limit.
     rate_limit      integer CHECK (rate_limit BETWEEN 1 AND 100000),
     rate_period     interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
-    -- The claims of the last rate_period, oldest first: when (the database
-    -- clock, as the claim stamped its rows) and how many rows each took.
-    rate_starts     timestamptz[] NOT NULL DEFAULT '{}',
-    rate_counts     integer[] NOT NULL DEFAULT '{}',
     CHECK (backoff_max >= backoff_base)
 );
 

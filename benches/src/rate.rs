@@ -1,8 +1,8 @@
 //! The `rate` section: what a rate limit costs a drain. The same pgbench
 //! drains as the `claim` section (claim + release), of queue `q` without a
 //! limit and with one that never binds (100,000 rows a second): what is
-//! measured is the claims taking turns on the queue's row and keeping its
-//! record, not the limit holding rows back.
+//! measured is the claims counting and recording their rows in the limit's
+//! shares, not the limit holding rows back.
 
 use crate::report::{rate, ratio, Results, Table};
 use crate::scenarios::{Bench, Res, Side};
@@ -16,7 +16,7 @@ impl Bench {
             "Each drain: rows enqueued right before it (no VACUUM), then claim_pending + \
              release_batch (batch 50) or release (batch 1) until they are gone, in queue q \
              without a rate limit and with rate_limit 100000 (per second), above any drain \
-             here. Claims of a limited queue take turns on its row until they commit.",
+             here. Claims of a limited queue count and record their rows in its shares.",
             &[
                 "scenario",
                 "rows",

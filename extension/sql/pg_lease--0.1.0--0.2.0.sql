@@ -34,9 +34,7 @@ ALTER TABLE lease.queue
 -- Rate limits (sql/rate.sql): none until create_queue sets one.
 ALTER TABLE lease.queue
     ADD COLUMN rate_limit  integer CHECK (rate_limit BETWEEN 1 AND 100000),
-    ADD COLUMN rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
-    ADD COLUMN rate_starts timestamptz[] NOT NULL DEFAULT '{}',
-    ADD COLUMN rate_counts integer[] NOT NULL DEFAULT '{}';
+    ADD COLUMN rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0');
 
 -- Constant defaults: no table rewrite. The claim index follows the new
 -- claim order (priority, rank, next_at, id) and leaves out rows held for a
@@ -64,6 +62,23 @@ CREATE TABLE lease.key_slot (
 WITH (fillfactor = 70);
 COMMENT ON TABLE lease.key_slot IS
     'Per (queue, concurrency_key): admitted and held rows (see lease.enqueue''s concurrency_key). Kept by the lease.* functions; empty rows are removed by lease.sweep.';
+
+CREATE TABLE lease.rate_share (
+    queue  text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    share  integer NOT NULL CHECK (share BETWEEN 0 AND 15),
+    -- This share's part of the queue's rate_limit: their sum is the limit.
+    permits integer NOT NULL CHECK (permits >= 0),
+    -- The claims of the last rate_period, oldest first: when (the database
+    -- clock, as the claim stamped its rows) and how many rows each took.
+    starts timestamptz[] NOT NULL DEFAULT '{}',
+    counts integer[] NOT NULL DEFAULT '{}',
+    PRIMARY KEY (queue, share)
+)
+-- Rewritten on every claim of its queue: room for HOT.
+WITH (fillfactor = 50);
+
+COMMENT ON TABLE lease.rate_share IS
+    'Per queue with a rate limit: the sixteen shares of its permits and the claims each let through in the last rate_period. Kept by lease.create_queue and lease.claim_pending.';
 
 CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
@@ -2125,109 +2140,133 @@ unknown outcome, owner invalid, retry_at infinite; 42501 a row's queue is restri
 not work it;
 22004 (0A000 if not a plain call) QUEUE NULL on a distributed install.$$;
 
-CREATE OR REPLACE FUNCTION lease._rate_take(queue text, wanted integer, OUT permitted integer, OUT at timestamptz)
+CREATE OR REPLACE FUNCTION lease._rate_used(starts timestamptz[], counts integer[], since timestamptz) RETURNS bigint
+-- plpgsql, whose plan a session keeps: a SQL function with a subquery is
+-- never inlined, and was parsed and planned again on every claim (60 us).
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT coalesce(sum(u.n), 0) FROM unnest(starts, counts) AS u(s, n) WHERE u.s > since);
+END
+$$;
+
+COMMENT ON FUNCTION lease._rate_used(timestamptz[], integer[], timestamptz) IS
+    'Internal: how many rows the claims of STARTS (when) and COUNTS (how many) took after SINCE.';
+
+CREATE OR REPLACE FUNCTION lease._rate_take(queue text, period interval, wanted integer,
+                                 OUT permitted integer, OUT at timestamptz,
+                                 OUT shares integer[], OUT takes integer[])
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     deadline constant timestamptz := clock_timestamp() + interval '100 milliseconds';
+    -- Claimers start at different shares, and so rarely meet.
+    first constant integer := pg_backend_pid() % 16;
     nap float8 := 0.001;
-    lim integer;
-    period interval;
-    starts timestamptz[];
-    counts integer[];
-    used bigint;
-    last integer;
+    seen integer[] := '{}';
+    s integer;
+    share_permits integer;
+    kept_starts timestamptz[];
+    kept_counts integer[];
+    take integer;
 BEGIN
-    -- Polled, not waited for: a lock_timeout would bound the wait only
-    -- where this function runs, and on a distributed install a claim in a
-    -- transaction block runs on the coordinator and waits on the node.
+    permitted := 0;
+    shares := '{}';
+    takes := '{}';
     LOOP
-        -- NO KEY: enqueues (their key share of the queue row) go on meanwhile.
-        SELECT q.rate_limit, q.rate_period, q.rate_starts, q.rate_counts INTO lim, period, starts, counts
-          FROM lease.queue q
-         WHERE q.name = _rate_take.queue
+        -- NO KEY: a queue dropped meanwhile waits for this claim.
+        SELECT r.share, r.permits, r.starts, r.counts INTO s, share_permits, kept_starts, kept_counts
+          FROM lease.rate_share r
+         WHERE r.queue = _rate_take.queue AND r.permits > 0 AND r.share <> ALL (seen)
+         ORDER BY (r.share - first + 16) % 16
+         LIMIT 1
            FOR NO KEY UPDATE SKIP LOCKED;
-        EXIT WHEN FOUND;
-        IF clock_timestamp() > deadline THEN
-            -- Another claim's turn has lasted too long.
-            permitted := 0;
-            at := clock_timestamp();
-            RETURN;
+        IF NOT FOUND THEN
+            -- Every share was looked at, or the rest are other claims'.
+            -- Having none, wait for them (they end with their claims),
+            -- but never for a claim left in an open transaction.
+            EXIT WHEN cardinality(seen) > 0 OR clock_timestamp() > deadline
+                   OR NOT EXISTS (SELECT FROM lease.rate_share r
+                                   WHERE r.queue = _rate_take.queue AND r.permits > 0);
+            PERFORM pg_sleep(nap);
+            nap := least(nap * 2, 0.02);
+            CONTINUE;
         END IF;
-        -- Doubling, so that many claimers waiting leave the turn's holder
-        -- the CPU.
-        PERFORM pg_sleep(nap);
-        nap := least(nap * 2, 0.02);
+        seen := seen || s;
+        -- Counted from the time of the lock, before AT: a little more than
+        -- AT's window, never less. (In the locking SELECT, this counted
+        -- every share's record before taking one.)
+        take := least(wanted - permitted,
+                      greatest(share_permits - lease._rate_used(kept_starts, kept_counts, clock_timestamp() - period), 0));
+        CONTINUE WHEN take = 0;
+        permitted := permitted + take;
+        shares := shares || s;
+        takes := takes || take;
+        EXIT WHEN permitted = wanted;
     END LOOP;
-    -- Read once the row is ours: the stamps of one queue's claims rise in
-    -- the order they hold it, so an entry older than a window is old for
-    -- every claim after this one too, and is dropped.
+    -- Read once the shares are this claim's: the times of one share's
+    -- claims rise in the order they hold it, so its record (and the
+    -- window each claim counts) keeps their order.
     at := clock_timestamp();
-    IF lim IS NULL THEN
-        -- The limit was removed while this claim waited.
-        permitted := wanted;
-        RETURN;
-    END IF;
-    SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}'),
-           coalesce(sum(u.n), 0)
-      INTO starts, counts, used
-      FROM unnest(starts, counts) WITH ORDINALITY AS u(s, n, o)
-     WHERE u.s > at - period;
-    permitted := least(wanted, greatest(lim - used, 0));
-    IF permitted = 0 THEN
-        RETURN;
-    END IF;
-    -- Taken now, while the row is read, and given back by the claim if it
-    -- finds fewer rows (lease._rate_give_back). A claim within a hundredth
-    -- of a period of the last one joins its entry, which takes the later
-    -- time: its rows count a little longer, never shorter, and the row
-    -- keeps about a hundred entries at any claim rate (one per claim, it
-    -- grew with the rate, and so did the cost of every claim).
-    last := cardinality(starts);
-    IF last > 0 AND starts[last] > at - period / 100 THEN
-        starts[last] := at;
-        counts[last] := counts[last] + permitted;
-    ELSE
-        starts := starts || at;
-        counts := counts || permitted;
-    END IF;
-    -- From variables: on a distributed install (citus.sql) the UPDATE runs
-    -- on the queue's node, which takes no subquery of its own row in SET.
-    UPDATE lease.queue q
-       SET rate_starts = starts,
-           rate_counts = counts
-     WHERE q.name = _rate_take.queue;
 END
 $$;
 
-COMMENT ON FUNCTION lease._rate_take(text, integer) IS
-$$Internal (lease.claim_pending): locks QUEUE's row until the transaction ends, takes as many of WANTED rows
-as its rate limit lets a claim take now (0 if another transaction held the row for 100 ms), records them
-taken at AT (the database clock, read after the lock), and returns both.$$;
+COMMENT ON FUNCTION lease._rate_take(text, interval, integer) IS
+$$Internal (lease.claim_pending): finds how many of WANTED rows QUEUE's rate limit (counting PERIOD) lets a
+claim take now from the shares (lease.rate_share) no other transaction holds, locking them until the
+transaction ends (waiting up to 100 ms if other transactions hold every share), and returns how many
+(PERMITTED), from which shares (SHARES, TAKES), and the time to stamp the rows with (AT, the database clock,
+read after the locks).$$;
 
-CREATE OR REPLACE FUNCTION lease._rate_give_back(queue text, unused integer) RETURNS void
+CREATE OR REPLACE FUNCTION lease._rate_record(queue text, period interval, at timestamptz,
+                                   shares integer[], takes integer[], claimed integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    counts integer[];
-    lim integer;
+    kept_starts timestamptz[];
+    kept_counts integer[];
+    take integer;
+    last integer;
 BEGIN
-    -- The row is this transaction's since lease._rate_take: its last entry
-    -- holds what that took, unless there was no limit to take from.
-    SELECT q.rate_counts, q.rate_limit INTO counts, lim FROM lease.queue q WHERE q.name = _rate_give_back.queue;
-    IF lim IS NULL THEN
-        RETURN;
-    END IF;
-    counts[cardinality(counts)] := counts[cardinality(counts)] - unused;
-    UPDATE lease.queue q SET rate_counts = counts WHERE q.name = _rate_give_back.queue;
+    FOR i IN 1 .. cardinality(shares) LOOP
+        EXIT WHEN claimed = 0;
+        take := least(claimed, takes[i]);
+        claimed := claimed - take;
+        -- Claims after this one read their times after it ends: an entry
+        -- a period older than AT is old for all of them too.
+        SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
+          INTO kept_starts, kept_counts
+          FROM lease.rate_share r
+         CROSS JOIN LATERAL unnest(r.starts, r.counts) WITH ORDINALITY AS u(s, n, o)
+         WHERE r.queue = _rate_record.queue AND r.share = shares[i] AND u.s > at - period;
+        -- A claim within a hundredth of a period of the share's last one
+        -- joins its entry, at its own (later) time: those rows count a
+        -- little longer, never shorter, and a share keeps about a hundred
+        -- entries at any claim rate.
+        last := cardinality(kept_starts);
+        IF last > 0 AND kept_starts[last] > at - period / 100 THEN
+            kept_starts[last] := at;
+            kept_counts[last] := kept_counts[last] + take;
+        ELSE
+            kept_starts := kept_starts || at;
+            kept_counts := kept_counts || take;
+        END IF;
+        -- From variables: on a distributed install (citus.sql) the UPDATE
+        -- runs on the queue's node, which takes no subquery in SET.
+        UPDATE lease.rate_share r
+           SET starts = kept_starts,
+               counts = kept_counts
+         WHERE r.queue = _rate_record.queue AND r.share = shares[i];
+    END LOOP;
 END
 $$;
 
-COMMENT ON FUNCTION lease._rate_give_back(text, integer) IS
-$$Internal (lease.claim_pending): gives back UNUSED of the rows lease._rate_take took for QUEUE in this
-transaction, which the claim did not find.$$;
+COMMENT ON FUNCTION lease._rate_record(text, interval, timestamptz, integer[], integer[], integer) IS
+$$Internal (lease.claim_pending): records CLAIMED rows, taken at AT, in the shares of QUEUE (whose limit
+counts PERIOD) that lease._rate_take locked for them in this transaction (TAKES of SHARES, in order).$$;
 
 CREATE OR REPLACE FUNCTION lease.rate_wait(queue text DEFAULT 'default') RETURNS interval
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -2238,13 +2277,11 @@ DECLARE
     t constant timestamptz := clock_timestamp();
     lim integer;
     period interval;
-    starts timestamptz[];
-    counts integer[];
     restricted boolean;
-    used bigint;
+    free boolean;
+    soonest timestamptz;
 BEGIN
-    SELECT qu.rate_limit, qu.rate_period, qu.rate_starts, qu.rate_counts, qu.restricted
-      INTO lim, period, starts, counts, restricted
+    SELECT qu.rate_limit, qu.rate_period, qu.restricted INTO lim, period, restricted
       FROM lease.queue qu
      WHERE qu.name = q;
     IF restricted THEN
@@ -2253,12 +2290,16 @@ BEGIN
     IF lim IS NULL THEN
         RETURN NULL;
     END IF;
-    SELECT coalesce(sum(u.n), 0) INTO used FROM unnest(starts, counts) AS u(s, n) WHERE u.s > t - period;
-    IF used < lim THEN
+    -- A share's permits come back oldest claim first.
+    SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
+           min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
+      INTO free, soonest
+      FROM lease.rate_share r
+     WHERE r.queue = q AND r.permits > 0;
+    IF free THEN
         RETURN interval '0';
     END IF;
-    -- Permits come back oldest claim first.
-    RETURN (SELECT min(u.s) FROM unnest(starts) AS u(s) WHERE u.s > t - period) + period - t;
+    RETURN greatest(soonest + period - t, interval '0');
 END
 $$;
 
@@ -2308,6 +2349,10 @@ DECLARE
     restricted boolean;
     paused boolean;
     limited boolean;
+    per interval;
+    -- What a rate limit let this claim take, and from where (rate.sql).
+    shares integer[];
+    takes integer[];
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
 BEGIN
@@ -2318,8 +2363,8 @@ BEGIN
         PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
                 lease._checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL
-      INTO restricted, raised, paused, limited
+    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL, qu.rate_period
+      INTO restricted, raised, paused, limited, per
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -2328,9 +2373,9 @@ BEGIN
     IF paused THEN
         RETURN;
     END IF;
-    -- Only a limited queue's claims take turns (rate.sql).
+    -- Only a limited queue's claims take permits (rate.sql).
     IF limited THEN
-        SELECT r.permitted, r.at INTO n, t FROM lease._rate_take(q, n) AS r;
+        SELECT r.permitted, r.at, r.shares, r.takes INTO n, t, shares, takes FROM lease._rate_take(q, per, n) AS r;
         IF n = 0 THEN
             RETURN;
         END IF;
@@ -2399,8 +2444,8 @@ BEGIN
      ORDER BY c.priority DESC, c.rank, c.next_at, c.id;
 
     GET DIAGNOSTICS got = ROW_COUNT;
-    IF limited AND got < n THEN
-        PERFORM lease._rate_give_back(q, (n - got)::integer);
+    IF limited AND got > 0 THEN
+        PERFORM lease._rate_record(q, per, t, shares, takes, got::integer);
     END IF;
     IF got = 0 THEN
         -- Only an empty claim pays for telling "no work" from "no such queue".
@@ -2433,8 +2478,8 @@ the database clock. One statement; rows are taken, and returned,
 in order of priority (highest first), rank (an attached table's order_by), next-eligible time, id; rows locked by others are skipped,
 never waited for; a paused queue (lease.pause) gives none, and a queue with a rate limit (lease.create_queue)
 no more than it allows (lease_until - TTL is the time the limit counts the rows claimed at; see
-lease.rate_wait): the claims of such a queue take turns until their transactions end, and one that waits
-100 ms for its turn gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
+lease.rate_wait): its permits are dealt out in sixteen shares, each held by one claim until its transaction
+ends, and a claim that finds every share held for 100 ms gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
@@ -3953,9 +3998,19 @@ BEGIN
             jitter         = EXCLUDED.jitter,
             concurrency    = EXCLUDED.concurrency,
             max_payload_bytes = EXCLUDED.max_payload_bytes,
-            -- The claims already counted keep counting under a new limit.
             rate_limit     = EXCLUDED.rate_limit,
             rate_period    = EXCLUDED.rate_period;
+    IF rate_limit IS NOT NULL THEN
+        -- Dealt out over the sixteen shares (rate.sql). The claims already
+        -- counted keep counting under a new limit: a share over its new
+        -- part lets nothing through until it is below.
+        INSERT INTO lease.rate_share AS r (queue, share, permits)
+        SELECT create_queue.name, s, create_queue.rate_limit / 16 + (s < create_queue.rate_limit % 16)::integer
+          FROM generate_series(0, 15) AS s
+            ON CONFLICT ON CONSTRAINT rate_share_pkey DO UPDATE
+           SET permits = excluded.permits
+         WHERE r.permits <> excluded.permits;
+    END IF;
     -- A raised (or removed) limit admits held rows now.
     PERFORM lease._top_up_slots(name);
 END
@@ -3977,9 +4032,10 @@ form (octet_length(payload::text), whether or not it would be stored compressed)
 rate_limit, rate_period: claims take at most rate_limit rows (1..100000) in any span of rate_period (more than
 0, at most 1 day; default 1 second), whatever the number of workers: each row claimed counts from its claim
 until rate_period later (a sliding window; see lease.rate_wait). NULL (default): no limit. Rows held back stay
-pending and are claimable as soon as the limit allows. Claims of a limited queue take turns until their
-transactions end: one that comes while another is still in its transaction waits for it at most 100 ms and
-then takes nothing, so claim such a queue in short transactions. The rate limit applies after lease.pause and before
+pending and are claimable as soon as the limit allows. The limit is dealt out in sixteen shares, each held
+by one claim from its count to the end of its transaction: up to sixteen claims count side by side, and a
+claim that finds every share held waits at most 100 ms and then takes nothing, so claim such a queue in
+short transactions. The rate limit applies after lease.pause and before
 concurrency (held rows are never claimed) and priorities; lease.reclaim_own, which takes back leases already
 started, is not counted.
 Errors: 22004 name or an option NULL; 22023 empty or over-long name, option out of range.$$;
@@ -4319,7 +4375,7 @@ SELECT q.name AS queue,
        q.paused,
        q.rate_limit,
        q.rate_period,
-       r.used AS rate_used
+       coalesce(r.used, 0) AS rate_used
   FROM lease.queue q
   -- sum(bigint) is numeric; the counts stay bigint.
   LEFT JOIN (SELECT k.queue, sum(k.enqueued)::bigint AS enqueued, sum(k.claimed)::bigint AS claimed,
@@ -4334,10 +4390,11 @@ SELECT q.name AS queue,
   LEFT JOIN (SELECT s.queue, sum(s.waiting)::bigint AS held FROM lease.key_slot s GROUP BY s.queue) k
          ON k.queue = q.name
   CROSS JOIN LATERAL lease._queue_head(q.name) h
-  -- At most about a hundred entries (rate.sql).
-  CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0)::bigint AS used
-                        FROM unnest(q.rate_starts, q.rate_counts) AS u(s, n)
-                       WHERE u.s > clock_timestamp() - q.rate_period) r;
+  -- Sixteen rows of at most about a hundred entries each (rate.sql).
+  LEFT JOIN (SELECT s.queue, sum(lease._rate_used(s.starts, s.counts, clock_timestamp() - sq.rate_period))::bigint AS used
+               FROM lease.rate_share s JOIN lease.queue sq ON sq.name = s.queue
+              WHERE sq.rate_limit IS NOT NULL
+              GROUP BY s.queue) r ON r.queue = q.name;
 
 COMMENT ON VIEW lease.metrics IS
 $$Per queue, at O(queues + leases in flight + distinct priorities) cost: ready rows (pending, next_at
@@ -4843,7 +4900,8 @@ BEGIN
     -- Ids stay unique across nodes by lease._assign_id_ranges.
     ALTER TABLE lease.job DROP CONSTRAINT job_pkey, ADD PRIMARY KEY (id, queue);
     PERFORM create_distributed_table('lease.queue', 'name');
-    FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session'] LOOP
+    FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session',
+                                'lease.rate_share'] LOOP
         PERFORM create_distributed_table(t::regclass, 'queue', colocate_with := 'lease.queue');
     END LOOP;
     -- The functions forwarded to the node of their queue, with the argument
@@ -4980,5 +5038,6 @@ SELECT pg_catalog.pg_extension_config_dump('lease.attachment', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.key_slot', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.rate_share', '');
 
 SELECT lease._reaper_discover();

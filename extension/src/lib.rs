@@ -54,9 +54,14 @@ pgrx::extension_sql_file!(
     requires = ["schema", "head", "wake"]
 );
 pgrx::extension_sql_file!(
+    "../../sql/rate.sql",
+    name = "rate",
+    requires = ["schema", "check", "access"]
+);
+pgrx::extension_sql_file!(
     "../../sql/metrics.sql",
     name = "metrics",
-    requires = ["schema", "access", "concurrency"]
+    requires = ["schema", "access", "concurrency", "rate"]
 );
 pgrx::extension_sql_file!(
     "../../sql/reap.sql",
@@ -95,6 +100,7 @@ pgrx::extension_sql_file!(
         "concurrency",
         "head",
         "metrics",
+        "rate",
         "wake",
         shared::reaper_touch
     ]
@@ -112,11 +118,6 @@ pgrx::extension_sql_file!(
         "head",
         "metrics"
     ]
-);
-pgrx::extension_sql_file!(
-    "../../sql/rate.sql",
-    name = "rate",
-    requires = ["schema", "check", "access"]
 );
 pgrx::extension_sql_file!(
     "../../sql/claim.sql",

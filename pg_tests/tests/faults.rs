@@ -66,7 +66,7 @@
 //! * `claim_keeps_epoch` → epochs_increase 212;
 //! * `claim_over_limit` (`LIMIT n + 1`) → claim_limit 1;
 //! * `rate_ignores_limit` (a claim takes every row it asks for, whatever
-//!   the rate limit) → rate_limit 6;
+//!   the rate limit) → rate_limit 4;
 //! * `reap_spends_attempt` → attempts_once_per_claim 28;
 //! * `reap_forgets_cancel` → cancel_never_lost 4;
 //! * `fenced_update_ignores_epoch` → stale_ops_change_nothing 2;
@@ -593,9 +593,9 @@ async fn apply_break(db: &mut Db, name: &str) {
             "lease._next_state('retry', false,",
         ),
         "rate_ignores_limit" => (
-            "lease._rate_take(text,integer)",
-            "permitted := least(wanted, greatest(lim - used, 0));",
-            "permitted := wanted;",
+            "lease._rate_take(text,interval,integer)",
+            "greatest(share_permits - lease._rate_used(kept_starts, kept_counts, clock_timestamp() - period), 0)",
+            "wanted",
         ),
         "fenced_update_ignores_epoch" => (
             "lease.fenced_update(bigint,bigint,jsonb)",

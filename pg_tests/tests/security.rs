@@ -519,13 +519,14 @@ async fn a_worker_of_one_queue_cannot_touch_another() {
 /// pg_dump/pg_restore lost every queue, job, named lease and
 /// attachment while the attached table's triggers were restored, so inserts
 /// into it failed with 23503. After a restore, held leases still renew under
-/// their tokens, attached tables work, and new ids continue past old ones.
+/// their tokens, attached tables work, new ids continue past old ones, and
+/// a rate limit still counts the claims made before the dump.
 #[tokio::test]
 async fn lease_state_survives_dump_and_restore() {
     let cluster = preloaded(&[]);
     let su = cluster.connect().await;
     su.batch_execute(
-        "SELECT lease.create_queue('jobs', max_attempts => 7);
+        "SELECT lease.create_queue('jobs', max_attempts => 7, rate_limit => 2, rate_period => '1 day');
          SELECT lease.enqueue('jobs', '{\"n\": 1}'); SELECT lease.enqueue('jobs', '{\"n\": 2}');
          CREATE TABLE items (id bigint PRIMARY KEY, status text);
          INSERT INTO items VALUES (1, 'todo');
@@ -583,6 +584,13 @@ async fn lease_state_survives_dump_and_restore() {
     )
     .await;
     assert!(epoch_again > 0);
+    // The rate limit's record came along: two claims in a day were its two.
+    let over: i64 = scalar(
+        &r,
+        "SELECT count(*) FROM lease.claim_pending(5, '1 minute', 'w2', 'jobs')",
+    )
+    .await;
+    assert_eq!(over, 0, "the rate limit's record survives");
 }
 
 /// The other half of that: DROP and CREATE EXTENSION restarted ids and
