@@ -4391,9 +4391,13 @@ SELECT q.name AS queue,
          ON k.queue = q.name
   CROSS JOIN LATERAL lease._queue_head(q.name) h
   -- Sixteen rows of at most about a hundred entries each (rate.sql).
-  LEFT JOIN (SELECT s.queue, sum(lease._rate_used(s.starts, s.counts, clock_timestamp() - sq.rate_period))::bigint AS used
-               FROM lease.rate_share s JOIN lease.queue sq ON sq.name = s.queue
-              WHERE sq.rate_limit IS NOT NULL
+  -- Counted here, not by lease._rate_used: the view's readers may not
+  -- execute internal functions.
+  LEFT JOIN (SELECT s.queue, sum(u.n)::bigint AS used
+               FROM lease.rate_share s
+               JOIN lease.queue sq ON sq.name = s.queue
+              CROSS JOIN LATERAL unnest(s.starts, s.counts) AS u(st, n)
+              WHERE sq.rate_limit IS NOT NULL AND u.st > clock_timestamp() - sq.rate_period
               GROUP BY s.queue) r ON r.queue = q.name;
 
 COMMENT ON VIEW lease.metrics IS
