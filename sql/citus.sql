@@ -171,15 +171,15 @@ BEGIN
     ALTER TABLE lease.job DROP CONSTRAINT job_pkey, ADD PRIMARY KEY (id, queue);
     PERFORM create_distributed_table('lease.queue', 'name');
     FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session',
-                                'lease.rate_share'] LOOP
+                                'lease.rate_share', 'lease.fairness_key'] LOOP
         PERFORM create_distributed_table(t::regclass, 'queue', colocate_with := 'lease.queue');
     END LOOP;
     -- The functions forwarded to the node of their queue, with the argument
     -- that names it.
     FOR f, arg IN SELECT * FROM (VALUES
             ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval)', 'name'),
-            ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
-            ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
+            ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text, text)', 'queue'),
+            ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[], text[])', 'queue'),
             ('lease.claim_pending(integer, interval, text, text)', 'queue'),
             ('lease.reclaim_own(integer, interval, text, text)', 'queue'),
             ('lease.ready_channel(text)', 'queue'),

@@ -40,8 +40,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA lease FROM PUBLIC;
 GRANT USAGE ON SCHEMA lease TO lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
-    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
+    lease.enqueue(text, jsonb, text, timestamptz, integer, text, text, text),
+    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[], text[]),
     lease.claim_pending(integer, interval, text, text),
     lease.rate_wait(text),
     lease.reclaim_own(integer, interval, text, text),
@@ -79,6 +79,7 @@ GRANT EXECUTE ON FUNCTION
     lease.drop_queue(text, boolean),
     lease.pause(text),
     lease.resume(text),
+    lease.set_weight(text, text, integer),
     lease.purge_dead(text),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),
@@ -150,6 +151,8 @@ SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.key_slot', '');
 -- And the rate limits' records of what they let through.
 SELECT pg_catalog.pg_extension_config_dump('lease.rate_share', '');
+-- And the fairness keys' weights and places.
+SELECT pg_catalog.pg_extension_config_dump('lease.fairness_key', '');
 
 -- Job ids are half of every fencing token, so a reinstall must never issue
 -- an id the previous install issued. The WAL position only grows in a

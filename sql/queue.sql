@@ -249,7 +249,7 @@ $$;
 COMMENT ON FUNCTION lease._check_payload_size(lease.queue, bigint) IS
     'Internal: raises 22023 if PAYLOAD_BYTES is over the max_payload_bytes of queue Q.';
 
-CREATE FUNCTION lease._checked_producer_queue(queue text, payload_bytes bigint) RETURNS text
+CREATE FUNCTION lease._checked_producer_queue(queue text, payload_bytes bigint) RETURNS lease.queue
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -272,12 +272,12 @@ BEGIN
                   HINT = 'Insert or update rows of the table so that they match its pending predicate.';
     END IF;
     PERFORM lease._check_payload_size(q, payload_bytes);
-    RETURN queue;
+    RETURN q;
 END
 $$;
 
 COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
-    'Internal: returns queue, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
+    'Internal: returns queue''s row, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
 
 CREATE FUNCTION lease.enqueue(
     queue    text,
@@ -286,28 +286,35 @@ CREATE FUNCTION lease.enqueue(
     run_at   timestamptz DEFAULT NULL,
     priority integer     DEFAULT 0,
     unique_key text      DEFAULT NULL,
-    concurrency_key text DEFAULT NULL
+    concurrency_key text DEFAULT NULL,
+    fairness_key text    DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     p  constant jsonb := lease._checked_not_null(payload, 'payload');
-    q  constant text := lease._checked_producer_queue(queue, octet_length(p::text));
+    qr constant lease.queue := lease._checked_producer_queue(queue, octet_length(p::text));
+    q  constant text := qr.name;
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
                              THEN lease._checked_concurrency_key(q, concurrency_key) END;
+    -- Its place among the rows of its priority (fairness.sql).
+    rk bigint := 0;
     new_id bigint;
 BEGIN
+    IF fairness_key IS NOT NULL OR qr.fair THEN
+        rk := (lease._fair_ranks(qr, ARRAY[lease._checked_fairness_key(fairness_key)]))[1];
+    END IF;
     -- A row in the way is either the same key (any state, while retained)
     -- or the same unique_key while pending or leased; the insert waits for
     -- a concurrent producer's row and then sees it, so one row wins. The
     -- row found may finish before it is read: then try again.
     FOR tries IN 1..3 LOOP
-        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key,
+        INSERT INTO lease.job AS j (queue, key, payload, priority, rank, next_at, created_at, unique_key,
                                     concurrency_key, held)
-        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key,
+        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), rk, coalesce(r, t), t, enqueue.unique_key,
                 ck, ck IS NOT NULL)
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
@@ -316,7 +323,7 @@ BEGIN
             IF ck IS NOT NULL THEN
                 PERFORM lease._hold(q, ARRAY[ck]);
             ELSE
-                PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), 0, coalesce(r, t), new_id);
+                PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), rk, coalesce(r, t), new_id);
                 IF coalesce(r, t) <= t THEN
                     PERFORM lease._wake(q, 1);
                 END IF;
@@ -340,7 +347,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text, text) IS
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text, text, text) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
 returns the existing row's id and changes nothing (for as long as that row is retained, whatever its
@@ -351,12 +358,16 @@ With a concurrency_key (the queue needs a concurrency limit k, see lease.create_
 that key are admitted at once; the others are held, never claimed, until an admitted one ends (done,
 dead, cancelled) and gives up its slot (highest priority, then oldest, first). A retry or expiry keeps the
 slot, so k = 1 runs a key's rows one at a time, in order.
+With a fairness_key (a tenant, say), claims share themselves among the keys with ready rows in proportion
+to their weights (lease.set_weight; round-robin while all weigh 1), among the rows of one priority,
+whatever each key's backlog: a key's rows are placed one step apart, a step of 1,000,000 / weight, from
+where claims are now. Once a queue has a row with a fairness_key, its rows without one are of the key ''.
 A row claimable at once sends a NOTIFY on the queue's channel (lease.ready_channel), on commit.
 Errors: 22004 queue or payload NULL; 22023 run_at infinite, or payload over the queue's max_payload_bytes; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
 not produce into it; 22023 concurrency_key empty or over 256 characters, or the queue has no concurrency
-limit; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
-before it could be read.$$;
+limit; 22023 fairness_key over 256 characters; 22P02 payload is not valid JSON; 40001 (rare: retry) the
+row in the way kept finishing before it could be read.$$;
 
 CREATE FUNCTION lease.enqueue_batch(
     queue    text,
@@ -364,7 +375,8 @@ CREATE FUNCTION lease.enqueue_batch(
     keys     text[]      DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
     priority integer     DEFAULT 0,
-    concurrency_keys text[] DEFAULT NULL
+    concurrency_keys text[] DEFAULT NULL,
+    fairness_keys text[] DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -373,10 +385,12 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n  constant integer := cardinality(lease._checked_not_null(payloads, 'payloads'));
-    q  constant text := lease._checked_producer_queue(queue, (SELECT max(octet_length(u.p::text))
-                                                                FROM unnest(payloads) AS u(p)));
+    qr constant lease.queue := lease._checked_producer_queue(queue, (SELECT max(octet_length(u.p::text))
+                                                                       FROM unnest(payloads) AS u(p)));
+    q  constant text := qr.name;
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
+    ranks bigint[];
     ids bigint[];
     added bigint;
     held_keys text[];
@@ -392,20 +406,31 @@ BEGIN
         END IF;
         PERFORM lease._checked_concurrency_key(q, c) FROM unnest(concurrency_keys) AS u(c) WHERE c IS NOT NULL;
     END IF;
+    IF fairness_keys IS NOT NULL THEN
+        IF cardinality(fairness_keys) <> n THEN
+            RAISE EXCEPTION 'fairness_keys has % elements, payloads has %', cardinality(fairness_keys), n
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM lease._checked_fairness_key(f) FROM unnest(fairness_keys) AS u(f) WHERE f IS NOT NULL;
+    END IF;
     IF n > 100000 THEN
         RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF array_position(payloads, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- Their places among the rows of their priority (fairness.sql).
+    IF fairness_keys IS NOT NULL OR qr.fair THEN
+        ranks := lease._fair_ranks(qr, coalesce(fairness_keys, array_fill(NULL::text, ARRAY[n])));
+    END IF;
 
     -- Ids are drawn up front so that the result can be returned in input
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
     WITH inserted AS (
-        INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at, concurrency_key, held)
-        SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t,
-               u.c, u.c IS NOT NULL
+        INSERT INTO lease.job (id, queue, key, payload, priority, rank, next_at, created_at, concurrency_key, held)
+        SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(ranks[u.ord], 0),
+               coalesce(r, t), t, u.c, u.c IS NOT NULL
           FROM unnest(payloads, keys, concurrency_keys) WITH ORDINALITY AS u(p, k, c, ord)
          ORDER BY u.ord
             ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
@@ -422,8 +447,10 @@ BEGIN
     END IF;
     IF added > coalesce(cardinality(held_keys), 0) THEN
         -- Every row has the same priority and next_at, and ids in input
-        -- order: the first id is at or before all of them.
-        PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0), 0, coalesce(r, t), ids[1]);
+        -- order: the least rank and the first id are at or before all of
+        -- them.
+        PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0),
+                                  coalesce((SELECT min(x) FROM unnest(ranks) AS x), 0), coalesce(r, t), ids[1]);
         IF coalesce(r, t) <= t THEN
             PERFORM lease._wake(q, n);
         END IF;
@@ -439,12 +466,13 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]) IS
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[], text[]) IS
 $$Adds many rows to QUEUE in one statement and returns their ids in input order.
 keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue;
-concurrency_keys (same shape) give rows a concurrency_key as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys length differs, a
-concurrency key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
+concurrency_keys and fairness_keys (same shape) give rows a concurrency_key and a fairness_key as in
+lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys, concurrency_keys or fairness_keys length
+differs, a concurrency or fairness key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
 infinite or a payload over the queue's max_payload_bytes; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE FUNCTION lease.cancel(id bigint, queue text DEFAULT NULL) RETURNS text

@@ -80,7 +80,7 @@ AS $$
 DECLARE
     n constant text := lease._checked_not_null(name, 'name');
     p constant jsonb := lease._checked_not_null(payload, 'payload');
-    q constant text := lease._checked_producer_queue(queue, octet_length(p::text));
+    q constant text := (lease._checked_producer_queue(queue, octet_length(p::text))).name;
     t constant timestamptz := clock_timestamp();
     first timestamptz;
 BEGIN

@@ -74,6 +74,8 @@ CREATE TABLE lease.queue (
     -- NULL: no limit.
     rate_limit      integer CHECK (rate_limit BETWEEN 1 AND 100000),
     rate_period     interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
+    -- Whether a row was ever enqueued with a fairness_key (fairness.sql).
+    fair            boolean NOT NULL DEFAULT false,
     CHECK (backoff_max >= backoff_base)
 );
 

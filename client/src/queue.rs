@@ -137,6 +137,14 @@ pub struct EnqueueOptions {
     /// that many rows of the key are admitted, and keeps its slot through
     /// retries and expiries until it ends. Default: none.
     pub concurrency_key: Option<String>,
+    /// Shares claims fairly with the queue's other fairness keys (a
+    /// tenant, say): while several keys have ready rows of one priority,
+    /// claims take rows of each in proportion to their weights
+    /// ([`Client::set_weight`](crate::Client::set_weight); round-robin
+    /// while all weigh 1), whatever each key's backlog. Once a queue has a
+    /// row with a fairness key, its rows without one are of the key `""`.
+    /// Default: none.
+    pub fairness_key: Option<String>,
 }
 
 /// Options of one [`Client::enqueue_batch`](crate::Client::enqueue_batch).
@@ -153,6 +161,10 @@ pub struct BatchOptions {
     /// [`EnqueueOptions::concurrency_key`]; as many elements as payloads.
     /// Default: none.
     pub concurrency_keys: Option<Vec<Option<String>>>,
+    /// One fairness key (or `None`) per payload, as
+    /// [`EnqueueOptions::fairness_key`]; as many elements as payloads.
+    /// Default: none.
+    pub fairness_keys: Option<Vec<Option<String>>>,
 }
 
 /// One row of `lease.queue_stats`.

@@ -35,6 +35,8 @@ ALTER TABLE lease.queue
 ALTER TABLE lease.queue
     ADD COLUMN rate_limit  integer CHECK (rate_limit BETWEEN 1 AND 100000),
     ADD COLUMN rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0');
+-- Fairness (sql/fairness.sql): no queue is fair until a row has a fairness_key.
+ALTER TABLE lease.queue ADD COLUMN fair boolean NOT NULL DEFAULT false;
 
 -- Constant defaults: no table rewrite. The claim index follows the new
 -- claim order (priority, rank, next_at, id) and leaves out rows held for a
@@ -79,6 +81,21 @@ WITH (fillfactor = 50);
 
 COMMENT ON TABLE lease.rate_share IS
     'Per queue with a rate limit: the sixteen shares of its permits and the claims each let through in the last rate_period. Kept by lease.create_queue and lease.claim_pending.';
+
+CREATE TABLE lease.fairness_key (
+    queue     text NOT NULL REFERENCES lease.queue (name) ON DELETE CASCADE,
+    key       text NOT NULL,
+    weight    integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
+    -- The rank the key's next row gets unless the head is past it.
+    next_rank bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, key)
+);
+
+-- A queue claimed empty starts its keys past the last of their rows.
+CREATE INDEX fairness_key_next ON lease.fairness_key (queue, next_rank);
+
+COMMENT ON TABLE lease.fairness_key IS
+    'Per (queue, fairness_key): its weight (lease.set_weight) and the rank its next row gets. Kept by lease.enqueue and lease.enqueue_batch.';
 
 CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
@@ -1450,7 +1467,105 @@ $$;
 COMMENT ON FUNCTION lease._check_payload_size(lease.queue, bigint) IS
     'Internal: raises 22023 if PAYLOAD_BYTES is over the max_payload_bytes of queue Q.';
 
-CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text, payload_bytes bigint) RETURNS text
+CREATE OR REPLACE FUNCTION lease._checked_fairness_key(key text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF length(key) > 256 THEN
+        RAISE EXCEPTION 'fairness_key must be at most 256 characters long' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN key;
+END
+$$;
+
+COMMENT ON FUNCTION lease._checked_fairness_key(text) IS
+    'Internal: returns KEY (NULL too), or raises 22023 if it is over 256 characters.';
+
+CREATE OR REPLACE FUNCTION lease._fair_ranks(q lease.queue, keys text[]) RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- Where claims are, and a key with nothing left before it starts:
+    -- the head (head.sql), or, in a queue claimed empty (its head at the
+    -- end of the order), past every key's last row.
+    now_rank constant bigint := greatest(
+        CASE WHEN q.head_id < 9223372036854775807 THEN q.head_rank
+             ELSE (SELECT max(f.next_rank) FROM lease.fairness_key f WHERE f.queue = q.name) END, 0);
+    ranks bigint[];
+    first bigint;
+BEGIN
+    IF NOT q.fair THEN
+        UPDATE lease.queue qu SET fair = true WHERE qu.name = q.name AND NOT qu.fair;
+    END IF;
+    IF cardinality(keys) = 1 THEN
+        -- One row (lease.enqueue): a plain upsert, which a distributed
+        -- install sends to the queue's node as it is (the statement below
+        -- went through the coordinator there, 25 ms a row).
+        INSERT INTO lease.fairness_key AS f (queue, key, next_rank)
+        VALUES (q.name, coalesce(keys[1], ''), now_rank + 1000000)
+            ON CONFLICT ON CONSTRAINT fairness_key_pkey DO UPDATE
+           SET next_rank = greatest(f.next_rank, now_rank) + 1000000 / f.weight
+        RETURNING f.next_rank - 1000000 / f.weight INTO first;
+        RETURN ARRAY[first];
+    END IF;
+    -- One upsert for every key (in key order, so that two enqueues naming
+    -- the same keys cannot deadlock): each key's row is this transaction's
+    -- until it ends, so the enqueues of one key take turns and its ranks
+    -- never repeat. A new key's next_rank says how many rows it has (a
+    -- step of 1,000,000 each), which the update reads back from excluded.
+    -- The i-th row of a key in KEYS gets that key's i-th step.
+    WITH n AS (SELECT coalesce(u.k, '') AS k, count(*) AS c FROM unnest(keys) AS u(k) GROUP BY 1),
+    placed AS (
+        INSERT INTO lease.fairness_key AS f (queue, key, next_rank)
+        SELECT q.name, n.k, now_rank + n.c * 1000000 FROM n ORDER BY n.k
+            ON CONFLICT ON CONSTRAINT fairness_key_pkey DO UPDATE
+           SET next_rank = greatest(f.next_rank, now_rank)
+                           + (excluded.next_rank - now_rank) / 1000000 * (1000000 / f.weight)
+        RETURNING f.key, f.next_rank, 1000000 / f.weight AS step
+    )
+    SELECT array_agg(p.next_rank - (n.c - r.nth + 1) * p.step ORDER BY r.o) INTO ranks
+      FROM (SELECT coalesce(u.k, '') AS k, u.o, row_number() OVER (PARTITION BY coalesce(u.k, '') ORDER BY u.o) AS nth
+              FROM unnest(keys) WITH ORDINALITY AS u(k, o)) r
+      JOIN n ON n.k = r.k
+      JOIN placed p ON p.key = r.k;
+    RETURN ranks;
+END
+$$;
+
+COMMENT ON FUNCTION lease._fair_ranks(lease.queue, text[]) IS
+$$Internal (lease.enqueue, lease.enqueue_batch): the ranks of new rows of queue Q whose fairness keys are KEYS
+(NULL: the key ''), in order; moves each key's next rank on and makes the queue fair.$$;
+
+CREATE OR REPLACE FUNCTION lease.set_weight(queue text, fairness_key text, weight integer) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q constant text := lease._checked_queue(queue);
+BEGIN
+    PERFORM lease._checked_fairness_key(lease._checked_not_null(fairness_key, 'fairness_key')),
+            lease._checked_not_null(weight, 'weight');
+    IF weight NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'weight must be between 1 and 1000 (got %)', weight
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO lease.fairness_key AS f (queue, key, weight)
+    VALUES (q, set_weight.fairness_key, set_weight.weight)
+        ON CONFLICT ON CONSTRAINT fairness_key_pkey DO UPDATE
+       SET weight = excluded.weight;
+END
+$$;
+
+COMMENT ON FUNCTION lease.set_weight(text, text, integer) IS
+$$Gives FAIRNESS_KEY of QUEUE the weight WEIGHT (1..1000; a key never weighed weighs 1): while several keys
+have ready rows, claims take rows of each in proportion to their weights (see lease.enqueue's
+fairness_key). Rows enqueued from now on follow it; rows already enqueued keep their place.
+Errors: 22004 an argument NULL; 22023 weight out of range or fairness_key over 256 characters; 42704 no
+such queue.$$;
+
+CREATE OR REPLACE FUNCTION lease._checked_producer_queue(queue text, payload_bytes bigint) RETURNS lease.queue
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -1473,42 +1588,49 @@ BEGIN
                   HINT = 'Insert or update rows of the table so that they match its pending predicate.';
     END IF;
     PERFORM lease._check_payload_size(q, payload_bytes);
-    RETURN queue;
+    RETURN q;
 END
 $$;
 
 COMMENT ON FUNCTION lease._checked_producer_queue(text, bigint) IS
-    'Internal: returns queue, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
+    'Internal: returns queue''s row, or raises 22004/42704 as lease._checked_queue, 42809 if an attached table feeds it, 42501 if the caller may not produce into it, 22023 if PAYLOAD_BYTES is over its max_payload_bytes.';
 
-CREATE OR REPLACE FUNCTION lease.enqueue(
+CREATE FUNCTION lease.enqueue(
     queue    text,
     payload  jsonb,
     key      text        DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
     priority integer     DEFAULT 0,
     unique_key text      DEFAULT NULL,
-    concurrency_key text DEFAULT NULL
+    concurrency_key text DEFAULT NULL,
+    fairness_key text    DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     p  constant jsonb := lease._checked_not_null(payload, 'payload');
-    q  constant text := lease._checked_producer_queue(queue, octet_length(p::text));
+    qr constant lease.queue := lease._checked_producer_queue(queue, octet_length(p::text));
+    q  constant text := qr.name;
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
     ck constant text := CASE WHEN concurrency_key IS NOT NULL
                              THEN lease._checked_concurrency_key(q, concurrency_key) END;
+    -- Its place among the rows of its priority (fairness.sql).
+    rk bigint := 0;
     new_id bigint;
 BEGIN
+    IF fairness_key IS NOT NULL OR qr.fair THEN
+        rk := (lease._fair_ranks(qr, ARRAY[lease._checked_fairness_key(fairness_key)]))[1];
+    END IF;
     -- A row in the way is either the same key (any state, while retained)
     -- or the same unique_key while pending or leased; the insert waits for
     -- a concurrent producer's row and then sees it, so one row wins. The
     -- row found may finish before it is read: then try again.
     FOR tries IN 1..3 LOOP
-        INSERT INTO lease.job AS j (queue, key, payload, priority, next_at, created_at, unique_key,
+        INSERT INTO lease.job AS j (queue, key, payload, priority, rank, next_at, created_at, unique_key,
                                     concurrency_key, held)
-        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), coalesce(r, t), t, enqueue.unique_key,
+        VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), rk, coalesce(r, t), t, enqueue.unique_key,
                 ck, ck IS NOT NULL)
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
@@ -1517,7 +1639,7 @@ BEGIN
             IF ck IS NOT NULL THEN
                 PERFORM lease._hold(q, ARRAY[ck]);
             ELSE
-                PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), 0, coalesce(r, t), new_id);
+                PERFORM lease._lower_head(q, coalesce(enqueue.priority, 0), rk, coalesce(r, t), new_id);
                 IF coalesce(r, t) <= t THEN
                     PERFORM lease._wake(q, 1);
                 END IF;
@@ -1541,7 +1663,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text, text) IS
+COMMENT ON FUNCTION lease.enqueue(text, jsonb, text, timestamptz, integer, text, text, text) IS
 $$Adds one row to QUEUE and returns its id. Claimable from run_at (default: now, by the database clock).
 Higher priority is claimed first. With a key, enqueue is idempotent on (queue, key): a second call
 returns the existing row's id and changes nothing (for as long as that row is retained, whatever its
@@ -1552,12 +1674,16 @@ With a concurrency_key (the queue needs a concurrency limit k, see lease.create_
 that key are admitted at once; the others are held, never claimed, until an admitted one ends (done,
 dead, cancelled) and gives up its slot (highest priority, then oldest, first). A retry or expiry keeps the
 slot, so k = 1 runs a key's rows one at a time, in order.
+With a fairness_key (a tenant, say), claims share themselves among the keys with ready rows in proportion
+to their weights (lease.set_weight; round-robin while all weigh 1), among the rows of one priority,
+whatever each key's backlog: a key's rows are placed one step apart, a step of 1,000,000 / weight, from
+where claims are now. Once a queue has a row with a fairness_key, its rows without one are of the key ''.
 A row claimable at once sends a NOTIFY on the queue's channel (lease.ready_channel), on commit.
 Errors: 22004 queue or payload NULL; 22023 run_at infinite, or payload over the queue's max_payload_bytes; 42704 no such queue; 42809 the queue is
 fed by an attached table (write the table instead); 42501 the queue is restricted and the caller may
 not produce into it; 22023 concurrency_key empty or over 256 characters, or the queue has no concurrency
-limit; 22P02 payload is not valid JSON; 40001 (rare: retry) the row in the way kept finishing
-before it could be read.$$;
+limit; 22023 fairness_key over 256 characters; 22P02 payload is not valid JSON; 40001 (rare: retry) the
+row in the way kept finishing before it could be read.$$;
 
 CREATE OR REPLACE FUNCTION lease.enqueue_batch(
     queue    text,
@@ -1565,7 +1691,8 @@ CREATE OR REPLACE FUNCTION lease.enqueue_batch(
     keys     text[]      DEFAULT NULL,
     run_at   timestamptz DEFAULT NULL,
     priority integer     DEFAULT 0,
-    concurrency_keys text[] DEFAULT NULL
+    concurrency_keys text[] DEFAULT NULL,
+    fairness_keys text[] DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1574,10 +1701,12 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n  constant integer := cardinality(lease._checked_not_null(payloads, 'payloads'));
-    q  constant text := lease._checked_producer_queue(queue, (SELECT max(octet_length(u.p::text))
-                                                                FROM unnest(payloads) AS u(p)));
+    qr constant lease.queue := lease._checked_producer_queue(queue, (SELECT max(octet_length(u.p::text))
+                                                                       FROM unnest(payloads) AS u(p)));
+    q  constant text := qr.name;
     r  constant timestamptz := lease._checked_time(run_at, 'run_at');
     t  constant timestamptz := clock_timestamp();
+    ranks bigint[];
     ids bigint[];
     added bigint;
     held_keys text[];
@@ -1593,20 +1722,31 @@ BEGIN
         END IF;
         PERFORM lease._checked_concurrency_key(q, c) FROM unnest(concurrency_keys) AS u(c) WHERE c IS NOT NULL;
     END IF;
+    IF fairness_keys IS NOT NULL THEN
+        IF cardinality(fairness_keys) <> n THEN
+            RAISE EXCEPTION 'fairness_keys has % elements, payloads has %', cardinality(fairness_keys), n
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM lease._checked_fairness_key(f) FROM unnest(fairness_keys) AS u(f) WHERE f IS NOT NULL;
+    END IF;
     IF n > 100000 THEN
         RAISE EXCEPTION 'at most 100000 rows per batch (got %)', n USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF array_position(payloads, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'payloads must not contain NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- Their places among the rows of their priority (fairness.sql).
+    IF fairness_keys IS NOT NULL OR qr.fair THEN
+        ranks := lease._fair_ranks(qr, coalesce(fairness_keys, array_fill(NULL::text, ARRAY[n])));
+    END IF;
 
     -- Ids are drawn up front so that the result can be returned in input
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
     WITH inserted AS (
-        INSERT INTO lease.job (id, queue, key, payload, priority, next_at, created_at, concurrency_key, held)
-        SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(r, t), t,
-               u.c, u.c IS NOT NULL
+        INSERT INTO lease.job (id, queue, key, payload, priority, rank, next_at, created_at, concurrency_key, held)
+        SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(ranks[u.ord], 0),
+               coalesce(r, t), t, u.c, u.c IS NOT NULL
           FROM unnest(payloads, keys, concurrency_keys) WITH ORDINALITY AS u(p, k, c, ord)
          ORDER BY u.ord
             ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
@@ -1623,8 +1763,10 @@ BEGIN
     END IF;
     IF added > coalesce(cardinality(held_keys), 0) THEN
         -- Every row has the same priority and next_at, and ids in input
-        -- order: the first id is at or before all of them.
-        PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0), 0, coalesce(r, t), ids[1]);
+        -- order: the least rank and the first id are at or before all of
+        -- them.
+        PERFORM lease._lower_head(q, coalesce(enqueue_batch.priority, 0),
+                                  coalesce((SELECT min(x) FROM unnest(ranks) AS x), 0), coalesce(r, t), ids[1]);
         IF coalesce(r, t) <= t THEN
             PERFORM lease._wake(q, n);
         END IF;
@@ -1640,12 +1782,13 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]) IS
+COMMENT ON FUNCTION lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[], text[]) IS
 $$Adds many rows to QUEUE in one statement and returns their ids in input order.
 keys (optional, same length as payloads, NULL elements allowed) make each row idempotent as in lease.enqueue;
-concurrency_keys (same shape) give rows a concurrency_key as in lease.enqueue.
-Errors: 22004 queue, payloads or a payload NULL; 22023 keys or concurrency_keys length differs, a
-concurrency key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
+concurrency_keys and fairness_keys (same shape) give rows a concurrency_key and a fairness_key as in
+lease.enqueue.
+Errors: 22004 queue, payloads or a payload NULL; 22023 keys, concurrency_keys or fairness_keys length
+differs, a concurrency or fairness key invalid or the queue without a concurrency limit, more than 100000 rows, run_at
 infinite or a payload over the queue's max_payload_bytes; 42704 no such queue; 42809 attached queue; 42501 no produce right on a restricted queue.$$;
 
 CREATE OR REPLACE FUNCTION lease.cancel(id bigint, queue text DEFAULT NULL) RETURNS text
@@ -3404,7 +3547,7 @@ AS $$
 DECLARE
     n constant text := lease._checked_not_null(name, 'name');
     p constant jsonb := lease._checked_not_null(payload, 'payload');
-    q constant text := lease._checked_producer_queue(queue, octet_length(p::text));
+    q constant text := (lease._checked_producer_queue(queue, octet_length(p::text))).name;
     t constant timestamptz := clock_timestamp();
     first timestamptz;
 BEGIN
@@ -4905,15 +5048,15 @@ BEGIN
     ALTER TABLE lease.job DROP CONSTRAINT job_pkey, ADD PRIMARY KEY (id, queue);
     PERFORM create_distributed_table('lease.queue', 'name');
     FOREACH t IN ARRAY ARRAY['lease.job', 'lease.counter', 'lease.key_slot', 'lease.queue_grant', 'lease.session',
-                                'lease.rate_share'] LOOP
+                                'lease.rate_share', 'lease.fairness_key'] LOOP
         PERFORM create_distributed_table(t::regclass, 'queue', colocate_with := 'lease.queue');
     END LOOP;
     -- The functions forwarded to the node of their queue, with the argument
     -- that names it.
     FOR f, arg IN SELECT * FROM (VALUES
             ('lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval)', 'name'),
-            ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text)', 'queue'),
-            ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[])', 'queue'),
+            ('lease.enqueue(text, jsonb, text, timestamptz, integer, text, text, text)', 'queue'),
+            ('lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[], text[])', 'queue'),
             ('lease.claim_pending(integer, interval, text, text)', 'queue'),
             ('lease.reclaim_own(integer, interval, text, text)', 'queue'),
             ('lease.ready_channel(text)', 'queue'),
@@ -4967,8 +5110,8 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA lease FROM PUBLIC;
 REVOKE SELECT ON lease.attachment FROM lease_worker;
 
 GRANT EXECUTE ON FUNCTION
-    lease.enqueue(text, jsonb, text, timestamptz, integer, text, text),
-    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[]),
+    lease.enqueue(text, jsonb, text, timestamptz, integer, text, text, text),
+    lease.enqueue_batch(text, jsonb[], text[], timestamptz, integer, text[], text[]),
     lease.rate_wait(text),
     lease.release_and_claim(bigint[], text, bigint[], integer, interval, text),
     lease.renew(bigint, text, bigint, interval, text),
@@ -4998,6 +5141,7 @@ GRANT EXECUTE ON FUNCTION
     lease.create_queue(text, integer, interval, interval, interval, interval, text, integer, integer, integer, interval),
     lease.pause(text),
     lease.resume(text),
+    lease.set_weight(text, text, integer),
     lease.purge_dead(text),
     lease.requeue(bigint),
     lease.recount(),
@@ -5043,5 +5187,6 @@ SELECT pg_catalog.pg_extension_config_dump('lease.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.counter', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.key_slot', '');
 SELECT pg_catalog.pg_extension_config_dump('lease.rate_share', '');
+SELECT pg_catalog.pg_extension_config_dump('lease.fairness_key', '');
 
 SELECT lease._reaper_discover();

@@ -59,6 +59,11 @@ pgrx::extension_sql_file!(
     requires = ["schema", "check", "access"]
 );
 pgrx::extension_sql_file!(
+    "../../sql/fairness.sql",
+    name = "fairness",
+    requires = ["schema", "check"]
+);
+pgrx::extension_sql_file!(
     "../../sql/metrics.sql",
     name = "metrics",
     requires = ["schema", "access", "concurrency", "rate"]
@@ -101,6 +106,7 @@ pgrx::extension_sql_file!(
         "head",
         "metrics",
         "rate",
+        "fairness",
         "wake",
         shared::reaper_touch
     ]

@@ -21,6 +21,7 @@ pub(super) struct Enqueue<'a> {
     pub(super) priority: i32,
     pub(super) unique_key: Option<&'a str>,
     pub(super) concurrency_key: Option<&'a str>,
+    pub(super) fairness_key: Option<&'a str>,
 }
 
 impl<'a> Enqueue<'a> {
@@ -38,11 +39,12 @@ impl<'a> Enqueue<'a> {
             priority: options.priority,
             unique_key: options.unique_key.as_deref(),
             concurrency_key: options.concurrency_key.as_deref(),
+            fairness_key: options.fairness_key.as_deref(),
         })
     }
 
     /// The parameters.
-    pub(super) fn params(&self) -> [Param<'_>; 7] {
+    pub(super) fn params(&self) -> [Param<'_>; 8] {
         [
             &self.queue,
             &self.payload,
@@ -51,6 +53,7 @@ impl<'a> Enqueue<'a> {
             &self.priority,
             &self.unique_key,
             &self.concurrency_key,
+            &self.fairness_key,
         ]
     }
 }
@@ -63,6 +66,7 @@ pub(super) struct EnqueueBatch<'a> {
     pub(super) delay: Option<i64>,
     pub(super) priority: i32,
     pub(super) concurrency_keys: Option<&'a Vec<Option<String>>>,
+    pub(super) fairness_keys: Option<&'a Vec<Option<String>>>,
 }
 
 impl<'a> EnqueueBatch<'a> {
@@ -82,11 +86,12 @@ impl<'a> EnqueueBatch<'a> {
             delay: options.delay.map(|d| micros(d, "delay")).transpose()?,
             priority: options.priority,
             concurrency_keys: options.concurrency_keys.as_ref(),
+            fairness_keys: options.fairness_keys.as_ref(),
         })
     }
 
     /// The parameters.
-    pub(super) fn params(&self) -> [Param<'_>; 6] {
+    pub(super) fn params(&self) -> [Param<'_>; 7] {
         [
             &self.queue,
             &self.payloads,
@@ -94,6 +99,7 @@ impl<'a> EnqueueBatch<'a> {
             &self.delay,
             &self.priority,
             &self.concurrency_keys,
+            &self.fairness_keys,
         ]
     }
 }

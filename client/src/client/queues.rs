@@ -44,6 +44,21 @@ impl Client {
         .await
     }
 
+    /// `lease.set_weight`: gives `fairness_key` of `queue` the weight
+    /// `weight` (1..=1000; a key never weighed weighs 1), for the rows
+    /// enqueued from now on: while several keys have ready rows, claims
+    /// take rows of each in proportion to their weights (see
+    /// [`EnqueueOptions::fairness_key`](crate::EnqueueOptions::fairness_key)).
+    /// Needs `lease_admin`.
+    pub async fn set_weight(&self, queue: &str, fairness_key: &str, weight: i32) -> Result<()> {
+        self.call(|c| async move {
+            c.query_one(Query::SetWeight, &[&queue, &fairness_key, &weight])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// `lease.create_queue`: creates queue `name` or updates its policy (so
     /// every replica may call it at start). Needs `lease_admin`.
     pub async fn create_queue(&self, name: &str, options: &QueueOptions) -> Result<()> {

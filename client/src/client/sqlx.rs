@@ -91,6 +91,7 @@ where
         .bind(a.priority)
         .bind(a.unique_key)
         .bind(a.concurrency_key)
+        .bind(a.fairness_key)
         .fetch_one(executor)
         .await
         .map_err(Error::from_sqlx)?;
@@ -118,6 +119,7 @@ where
         .bind(a.delay)
         .bind(a.priority)
         .bind(a.concurrency_keys)
+        .bind(a.fairness_keys)
         .fetch_all(executor)
         .await
         .map_err(Error::from_sqlx)?;

@@ -78,6 +78,7 @@ queries! {
     JobPreview,
     DeadLetterSummaries,
     RateWait,
+    SetWeight,
 }
 
 use std::sync::OnceLock;
@@ -226,13 +227,14 @@ impl Query {
             S::Enqueue => concat!(
                 "SELECT lease.enqueue(queue => $1::text, payload => $2::jsonb, key => $3::text, run_at => ",
                 at_or_null!("4"),
-                ", priority => $5::int, unique_key => $6::text, concurrency_key => $7::text)"
+                ", priority => $5::int, unique_key => $6::text, concurrency_key => $7::text, ",
+                "fairness_key => $8::text)"
             ),
             S::EnqueueBatch => concat!(
                 "SELECT e.id FROM lease.enqueue_batch(queue => $1::text, payloads => $2::jsonb[], ",
                 "keys => $3::text[], run_at => ",
                 at_or_null!("4"),
-                ", priority => $5::int, concurrency_keys => $6::text[]) ",
+                ", priority => $5::int, concurrency_keys => $6::text[], fairness_keys => $7::text[]) ",
                 "AS e(id)"
             ),
             S::Claim => concat!(
@@ -406,6 +408,10 @@ impl Query {
             // (inside an expression it runs on the coordinator).
             S::RateWait => "SELECT lease.rate_wait(queue => $1::text)",
             S::Resume => "SELECT lease.resume(queue => $1::text)",
+            S::SetWeight => concat!(
+                "SELECT lease.set_weight(queue => $1::text, fairness_key => $2::text, ",
+                "weight => $3::int)"
+            ),
             S::PurgeDead => "SELECT lease.purge_dead(queue => $1::text)",
             S::JobSummaries => jobs_in_states!(job_summary_columns),
             S::JobSummaryByKey => concat!(
@@ -520,6 +526,7 @@ mod tests {
                 Type::TEXT,
                 Type::INT8,
                 Type::INT4,
+                Type::TEXT,
                 Type::TEXT,
                 Type::TEXT
             ]
