@@ -15,7 +15,7 @@
 //! ```text
 //! bench [--smoke] [--only SECTION,...] [--churn-seconds N] [--out DIR]
 //! bench --plot-from DIR     (redraw DIR's plot from its sweep.json)
-//! sections: claim, keys, rate, enqueue, renew, client, worker, latency, metrics, dashboard, pinned, churn, reaper, sweep,
+//! sections: claim, keys, rate, fairness, enqueue, renew, client, worker, latency, metrics, dashboard, pinned, churn, reaper, sweep,
 //!           instructions, citus
 //! ```
 //!
@@ -26,6 +26,7 @@ mod churn;
 mod citus;
 mod cpu;
 mod dashboard;
+mod fairness;
 mod instructions;
 mod keys;
 mod metrics;
@@ -50,6 +51,7 @@ const SECTIONS: &[&str] = &[
     "claim",
     "keys",
     "rate",
+    "fairness",
     "enqueue",
     "renew",
     "client",
@@ -213,6 +215,7 @@ fn run() -> Res<()> {
                 "claim" => bench.claim_complete(&mut results).await?,
                 "keys" => bench.keys(&mut results).await?,
                 "rate" => bench.rate(&mut results).await?,
+                "fairness" => bench.fairness(&mut results).await?,
                 "enqueue" => bench.enqueue(&mut results).await?,
                 "renew" => bench.renew(&mut results).await?,
                 "client" => bench.client(&mut results).await?,

@@ -31,6 +31,8 @@ fn smoke_run_measures_every_scenario() {
         "Pinned xmin",
         "Sustained churn",
         "Per-key concurrency",
+        "Rate limits",
+        "Fairness keys",
         "Reaper cost in idle databases",
         "Dashboard pages vs backlog",
         "Concurrency sweep",
