@@ -66,7 +66,7 @@
 //! * `claim_keeps_epoch` → epochs_increase 212;
 //! * `claim_over_limit` (`LIMIT n + 1`) → claim_limit 1;
 //! * `rate_ignores_limit` (a claim takes every row it asks for, whatever
-//!   the rate limit) → rate_limit 4;
+//!   the rate limit) → rate_limit 4–6;
 //! * `reap_spends_attempt` → attempts_once_per_claim 28;
 //! * `reap_forgets_cancel` → cancel_never_lost 4;
 //! * `fenced_update_ignores_epoch` → stale_ops_change_nothing 2;

@@ -284,14 +284,20 @@ async fn the_sweeper_vacuums_on_the_counters_when_the_statistics_lag() {
     for _ in 0..10 {
         churn_round(&client).await;
     }
-    let dead: i64 = scalar(
-        &client,
-        "SELECT pg_stat_get_dead_tuples('lease.job'::regclass)",
-    )
-    .await;
-    // Not 0: a vacuum that already ran reports the dead rows it left.
+    let row = client
+        .query_one(
+            "SELECT pg_stat_get_dead_tuples('lease.job'::regclass), pg_stat_get_vacuum_count('lease.job'::regclass)",
+            &[],
+        )
+        .await
+        .expect("statistics");
+    let (dead, vacuumed): (i64, i64) = (row.get(0), row.get(1));
+    // Not 0: a vacuum that already ran reports the dead rows it left (on a
+    // loaded machine, all of them, when it ran while the last round was
+    // in flight); such a vacuum was the counters' doing, the statistics
+    // saw nothing of this session.
     assert!(
-        dead < 2000,
+        vacuumed > 0 || dead < 2000,
         "the statistics saw the churn: {dead} dead rows"
     );
     eventually(
