@@ -46,6 +46,12 @@ DECLARE
     takes integer[];
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
+    -- Whether a fairness key of the queue has a rate limit, the keys whose
+    -- limit is full (key_rate.sql), and the rows picked with their keys.
+    keyed boolean;
+    full_keys text[] := '{}';
+    ids bigint[];
+    keys text[];
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -54,8 +60,8 @@ BEGIN
         PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
                 lease._checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL, qu.rate_period
-      INTO restricted, raised, paused, limited, per
+    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL, qu.rate_period, qu.key_limited
+      INTO restricted, raised, paused, limited, per, keyed
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -71,11 +77,16 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- The picked ids are materialised once and fed to the UPDATE as an array:
+    IF keyed THEN
+        full_keys := ARRAY(SELECT f.key FROM lease.fairness_key f
+                       WHERE f.queue = q AND f.rate_limit IS NOT NULL AND f.full_until > t);
+    END IF;
+    -- The picked ids are materialised once, in claim order, and fed to the
+    -- UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
     --    the executor and lease more than n rows (PostgreSQL bug #15715);
     --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
-    --    cache assumes about n; a join against the CTE can turn into a hash
+    --    cache assumes about n; a join against a CTE can turn into a hash
     --    join over the whole table under a generic plan.
     -- The scan starts at the head: first the rest of the head's priority
     -- from the head on, then the lower priorities (the row comparison only
@@ -83,44 +94,50 @@ BEGIN
     -- first raise the head is the start, and the first arm finds nothing.
     -- The head is read in this statement: with the rows, in one snapshot,
     -- so a row committed just before is never before a head read earlier.
+    SELECT array_agg(p.id), array_agg(p.fairness_key) INTO ids, keys
+      FROM (SELECT a.id, a.fairness_key
+              FROM lease.queue h
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.fairness_key
+                      FROM lease.job j
+                     WHERE j.queue = q AND j.priority = h.head_priority
+                       AND (j.rank, j.next_at, j.id) >= (h.head_rank, h.head_next_at, h.head_id)
+                       AND j.state = 'pending' AND NOT j.held
+                       AND j.next_at <= t
+                       AND coalesce(j.fairness_key, '') <> ALL (full_keys)
+                     ORDER BY j.rank, j.next_at, j.id
+                     LIMIT n
+                       FOR UPDATE OF j SKIP LOCKED) AS a
+             WHERE h.name = q
+            UNION ALL
+            SELECT b.id, b.fairness_key
+              FROM lease.queue h
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.fairness_key
+                      FROM lease.job j
+                     WHERE j.queue = q AND j.priority < h.head_priority
+                       AND j.state = 'pending' AND NOT j.held
+                       AND j.next_at <= t
+                       AND coalesce(j.fairness_key, '') <> ALL (full_keys)
+                     ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+                     LIMIT n
+                       FOR UPDATE OF j SKIP LOCKED) AS b
+             WHERE h.name = q
+             LIMIT n) AS p;
+    -- Of those, what the keys' rate limits let through; the claim's time
+    -- is read after their locks (key_rate.sql).
+    IF keyed AND ids IS NOT NULL THEN
+        SELECT k.kept, k.at INTO ids, t FROM lease._key_rate_take(q, ids, keys) AS k;
+    END IF;
     RETURN QUERY
-    WITH picked AS MATERIALIZED (
-        SELECT a.id
-          FROM lease.queue h
-         CROSS JOIN LATERAL (
-                SELECT j.id
-                  FROM lease.job j
-                 WHERE j.queue = q AND j.priority = h.head_priority
-                   AND (j.rank, j.next_at, j.id) >= (h.head_rank, h.head_next_at, h.head_id)
-                   AND j.state = 'pending' AND NOT j.held
-                   AND j.next_at <= t
-                 ORDER BY j.rank, j.next_at, j.id
-                 LIMIT n
-                   FOR UPDATE OF j SKIP LOCKED) AS a
-         WHERE h.name = q
-        UNION ALL
-        SELECT b.id
-          FROM lease.queue h
-         CROSS JOIN LATERAL (
-                SELECT j.id
-                  FROM lease.job j
-                 WHERE j.queue = q AND j.priority < h.head_priority
-                   AND j.state = 'pending' AND NOT j.held
-                   AND j.next_at <= t
-                 ORDER BY j.priority DESC, j.rank, j.next_at, j.id
-                 LIMIT n
-                   FOR UPDATE OF j SKIP LOCKED) AS b
-         WHERE h.name = q
-         LIMIT n
-    )
-    , claimed AS (
+    WITH claimed AS (
         UPDATE lease.job j
            SET state       = 'leased',
                owner       = o,
                epoch       = greatest(j.epoch + 1, f),
                attempt     = j.attempt + 1,
                lease_until = t + d
-         WHERE j.queue = q AND j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+         WHERE j.queue = q AND j.id = ANY (ids)
         RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
                   j.priority, j.rank
     )
@@ -170,7 +187,9 @@ in order of priority (highest first), rank (an attached table's order_by), next-
 never waited for; a paused queue (lease.pause) gives none, and a queue with a rate limit (lease.create_queue)
 no more than it allows (lease_until - TTL is the time the limit counts the rows claimed at; see
 lease.rate_wait): its permits are dealt out in sixteen shares, each held by one claim until its transaction
-ends, and a claim that finds every share held for 100 ms gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
+ends, and a claim that finds every share held for 100 ms gets no rows; a fairness key with a rate limit
+(lease.set_key_rate) no more of its rows than its limit allows, the other keys' rows instead. Every claim
+gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;

@@ -24,14 +24,27 @@ CREATE TABLE lease.fairness_key (
     weight    integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     -- The rank the key's next row gets unless the head is past it.
     next_rank bigint NOT NULL DEFAULT 0,
+    -- At most rate_limit of the key's rows claimed in any span of
+    -- rate_period; NULL: no limit (key_rate.sql).
+    rate_limit  integer CHECK (rate_limit BETWEEN 1 AND 100000),
+    rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
+    -- The claims of the last rate_period, oldest first, as a rate share's.
+    starts timestamptz[] NOT NULL DEFAULT '{}',
+    counts integer[] NOT NULL DEFAULT '{}',
+    -- Until when the window is full: claims leave the key's rows out.
+    full_until timestamptz,
     PRIMARY KEY (queue, key)
-);
+)
+-- A limited key's row is rewritten by its claims: room for HOT.
+WITH (fillfactor = 70);
 
 -- A queue claimed empty starts its keys past the last of their rows.
 CREATE INDEX fairness_key_next ON lease.fairness_key (queue, next_rank);
+-- The limited keys a claim leaves out (key_rate.sql).
+CREATE INDEX fairness_key_full ON lease.fairness_key (queue, full_until) WHERE rate_limit IS NOT NULL;
 
 COMMENT ON TABLE lease.fairness_key IS
-    'Per (queue, fairness_key): its weight (lease.set_weight) and the rank its next row gets. Kept by lease.enqueue and lease.enqueue_batch.';
+    'Per (queue, fairness_key): its weight (lease.set_weight), the rank its next row gets, and its rate limit and the claims that count towards it (lease.set_key_rate). Kept by lease.enqueue, lease.enqueue_batch and lease.claim_pending.';
 
 CREATE FUNCTION lease._checked_fairness_key(key text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE
@@ -103,6 +116,45 @@ $$;
 COMMENT ON FUNCTION lease._fair_ranks(lease.queue, text[]) IS
 $$Internal (lease.enqueue, lease.enqueue_batch): the ranks of new rows of queue Q whose fairness keys are KEYS
 (NULL: the key ''), in order; moves each key's next rank on and makes the queue fair.$$;
+
+CREATE FUNCTION lease._forget_idle_keys(max_rows integer, only_queue text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q record;
+    now_rank bigint;
+    idle text[];
+    n integer;
+    gone integer := 0;
+BEGIN
+    -- A key behind where its next row would start anyway (the head, or
+    -- the last key's place in a queue claimed empty), of weight 1 and no
+    -- rate limit, is what a key without a row is (lease._fair_ranks): its
+    -- row can go. Keys in an enqueue's hands are left for the next sweep.
+    FOR q IN SELECT qu.name, CASE WHEN qu.head_id < 9223372036854775807 THEN qu.head_rank END AS head_rank
+               FROM lease.queue qu
+              WHERE qu.fair AND (only_queue IS NULL OR qu.name = only_queue)
+              ORDER BY qu.name LOOP
+        EXIT WHEN gone >= max_rows;
+        now_rank := coalesce(q.head_rank, (SELECT max(m.next_rank) FROM lease.fairness_key m WHERE m.queue = q.name));
+        -- Two statements, each on the queue's shard alone (citus.sql).
+        idle := ARRAY(SELECT k.key FROM lease.fairness_key k
+                       WHERE k.queue = q.name AND k.next_rank < now_rank
+                         AND k.weight = 1 AND k.rate_limit IS NULL
+                       LIMIT max_rows - gone
+                         FOR UPDATE SKIP LOCKED);
+        DELETE FROM lease.fairness_key f WHERE f.queue = q.name AND f.key = ANY (idle);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        gone := gone + n;
+    END LOOP;
+    RETURN gone;
+END
+$$;
+
+COMMENT ON FUNCTION lease._forget_idle_keys(integer, text) IS
+$$Internal (lease.sweep): removes up to MAX_ROWS rows of lease.fairness_key (of ONLY_QUEUE, or of every queue) whose
+keys have fallen idle and carry no weight or rate limit, so keys seen once do not pile up; returns how many.$$;
 
 CREATE FUNCTION lease.set_weight(queue text, fairness_key text, weight integer) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

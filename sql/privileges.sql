@@ -80,6 +80,7 @@ GRANT EXECUTE ON FUNCTION
     lease.pause(text),
     lease.resume(text),
     lease.set_weight(text, text, integer),
+    lease.set_key_rate(text, text, integer, interval),
     lease.purge_dead(text),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),

@@ -313,9 +313,9 @@ BEGIN
     -- row found may finish before it is read: then try again.
     FOR tries IN 1..3 LOOP
         INSERT INTO lease.job AS j (queue, key, payload, priority, rank, next_at, created_at, unique_key,
-                                    concurrency_key, held)
+                                    concurrency_key, held, fairness_key)
         VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), rk, coalesce(r, t), t, enqueue.unique_key,
-                ck, ck IS NOT NULL)
+                ck, ck IS NOT NULL, enqueue.fairness_key)
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
@@ -428,10 +428,11 @@ BEGIN
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
     WITH inserted AS (
-        INSERT INTO lease.job (id, queue, key, payload, priority, rank, next_at, created_at, concurrency_key, held)
+        INSERT INTO lease.job (id, queue, key, payload, priority, rank, next_at, created_at, concurrency_key, held,
+                               fairness_key)
         SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(ranks[u.ord], 0),
-               coalesce(r, t), t, u.c, u.c IS NOT NULL
-          FROM unnest(payloads, keys, concurrency_keys) WITH ORDINALITY AS u(p, k, c, ord)
+               coalesce(r, t), t, u.c, u.c IS NOT NULL, u.f
+          FROM unnest(payloads, keys, concurrency_keys, fairness_keys) WITH ORDINALITY AS u(p, k, c, f, ord)
          ORDER BY u.ord
             ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
         RETURNING concurrency_key

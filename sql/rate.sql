@@ -172,33 +172,42 @@ DECLARE
     lim integer;
     period interval;
     restricted boolean;
+    keyed boolean;
     free boolean;
     soonest timestamptz;
+    queue_wait interval;
+    key_wait interval;
 BEGIN
-    SELECT qu.rate_limit, qu.rate_period, qu.restricted INTO lim, period, restricted
+    SELECT qu.rate_limit, qu.rate_period, qu.restricted, qu.key_limited INTO lim, period, restricted, keyed
       FROM lease.queue qu
      WHERE qu.name = q;
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
     END IF;
-    IF lim IS NULL THEN
-        RETURN NULL;
+    IF lim IS NOT NULL THEN
+        -- A share's permits come back oldest claim first.
+        SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
+               min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
+          INTO free, soonest
+          FROM lease.rate_share r
+         WHERE r.queue = q AND r.permits > 0;
+        queue_wait := CASE WHEN free THEN interval '0' ELSE greatest(soonest + period - t, interval '0') END;
     END IF;
-    -- A share's permits come back oldest claim first.
-    SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
-           min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
-      INTO free, soonest
-      FROM lease.rate_share r
-     WHERE r.queue = q AND r.permits > 0;
-    IF free THEN
-        RETURN interval '0';
+    IF keyed THEN
+        -- The first full key to have room again (key_rate.sql).
+        key_wait := (SELECT min(f.full_until) - t FROM lease.fairness_key f
+                      WHERE f.queue = q AND f.rate_limit IS NOT NULL AND f.full_until > t);
     END IF;
-    RETURN greatest(soonest + period - t, interval '0');
+    -- A row needs room in both.
+    RETURN CASE WHEN queue_wait IS NULL THEN key_wait
+                WHEN key_wait IS NULL THEN queue_wait
+                ELSE greatest(queue_wait, key_wait) END;
 END
 $$;
 
 COMMENT ON FUNCTION lease.rate_wait(text) IS
 $$How long until QUEUE's rate limit lets a claim take a row again (by the database clock): 0 if it would now,
-NULL if the queue has no rate limit. A worker whose claim came back empty sleeps this long rather than
+NULL if the queue has no rate limit; where fairness keys of QUEUE are full (lease.set_key_rate), until the
+first of them has room again, if later. A worker whose claim came back empty sleeps this long rather than
 polling. Errors: 22004 queue NULL; 42704 no such queue; 42501 the queue is restricted and the caller may not
 work it.$$;

@@ -76,6 +76,8 @@ CREATE TABLE lease.queue (
     rate_period     interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
     -- Whether a row was ever enqueued with a fairness_key (fairness.sql).
     fair            boolean NOT NULL DEFAULT false,
+    -- Whether a fairness key of it has a rate limit (key_rate.sql).
+    key_limited     boolean NOT NULL DEFAULT false,
     CHECK (backoff_max >= backoff_base)
 );
 
@@ -111,7 +113,10 @@ CREATE TABLE lease.job (
     concurrency_key  text,
     -- A pending row of a concurrency_key whose slots were all taken: not
     -- claimable, and outside job_ready, until a slot frees.
-    held             boolean NOT NULL DEFAULT false
+    held             boolean NOT NULL DEFAULT false,
+    -- enqueue's fairness_key (fairness.sql), which a key's rate limit
+    -- counts (key_rate.sql); NULL: the key ''.
+    fairness_key     text
 )
 -- fillfactor: free space on each page so that renewals (lease_until only,
 -- which no index covers) stay HOT updates. The other two keep autovacuum

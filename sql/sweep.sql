@@ -126,7 +126,9 @@ BEGIN
                                       -- Before the fold: it reads which queues had claims.
                                       -- Late in the pass: it holds queue rows until commit.
                                       ('heads', 'SELECT 0 FROM lease._raise_heads()'),
-                                      ('counters', 'SELECT 0 FROM lease._fold_counters()')) AS v(name, call)
+                                      ('counters', 'SELECT 0 FROM lease._fold_counters()'),
+                                      -- After the heads: it reads where they are.
+                                      ('fairness keys', 'SELECT 0 FROM lease._forget_idle_keys($1)')) AS v(name, call)
     LOOP
         BEGIN
             EXECUTE step.call INTO done USING n;
@@ -192,7 +194,8 @@ END
 $$;
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
+$$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), the removal of up to max_rows fairness keys
+fallen idle (of weight 1 and no rate limit), moving the heads
 of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
 counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
@@ -236,6 +239,7 @@ BEGIN
             PERFORM lease._top_up_slots(q);
             PERFORM lease._raise_heads(q);
             PERFORM lease._fold_counters(q);
+            PERFORM lease._forget_idle_keys(max_rows, q);
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
             failures := failures || format('queue "%s": %s: %s', q, SQLSTATE, problem);
@@ -246,8 +250,8 @@ $$;
 
 COMMENT ON FUNCTION lease._sweep_queues(integer) IS
 $$Internal (lease.sweep on a distributed install): enqueues the due occurrences of schedules (on the
-coordinator, which holds them), then reaps, purges, tops up the concurrency slots, raises the head and
-folds the counters of each queue this node holds, MAX_ROWS rows per step and queue; returns the rows
+coordinator, which holds them), then reaps, purges, tops up the concurrency slots, raises the head, folds
+the counters and forgets idle fairness keys of each queue this node holds, MAX_ROWS rows per step and queue; returns the rows
 recovered and purged and what failed.$$;
 
 CREATE FUNCTION lease._next_sweep_due() RETURNS timestamptz

@@ -35,8 +35,10 @@ ALTER TABLE lease.queue
 ALTER TABLE lease.queue
     ADD COLUMN rate_limit  integer CHECK (rate_limit BETWEEN 1 AND 100000),
     ADD COLUMN rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0');
--- Fairness (sql/fairness.sql): no queue is fair until a row has a fairness_key.
+-- Fairness (sql/fairness.sql): no queue is fair until a row has a fairness_key,
+-- and none has a key with a rate limit (sql/key_rate.sql).
 ALTER TABLE lease.queue ADD COLUMN fair boolean NOT NULL DEFAULT false;
+ALTER TABLE lease.queue ADD COLUMN key_limited boolean NOT NULL DEFAULT false;
 
 -- Constant defaults: no table rewrite. The claim index follows the new
 -- claim order (priority, rank, next_at, id) and leaves out rows held for a
@@ -44,6 +46,7 @@ ALTER TABLE lease.queue ADD COLUMN fair boolean NOT NULL DEFAULT false;
 ALTER TABLE lease.job ADD COLUMN rank bigint NOT NULL DEFAULT 0;
 ALTER TABLE lease.job ADD COLUMN unique_key text;
 ALTER TABLE lease.job ADD COLUMN concurrency_key text, ADD COLUMN held boolean NOT NULL DEFAULT false;
+ALTER TABLE lease.job ADD COLUMN fairness_key text;
 -- Autovacuum must not hold the table for seconds (schema.sql).
 ALTER TABLE lease.job SET (autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
 DROP INDEX lease.job_ready;
@@ -88,14 +91,28 @@ CREATE TABLE lease.fairness_key (
     weight    integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     -- The rank the key's next row gets unless the head is past it.
     next_rank bigint NOT NULL DEFAULT 0,
+    -- At most rate_limit of the key's rows claimed in any span of
+    -- rate_period; NULL: no limit (key_rate.sql).
+    rate_limit  integer CHECK (rate_limit BETWEEN 1 AND 100000),
+    rate_period interval NOT NULL DEFAULT '1 second' CHECK (rate_period > interval '0'),
+    -- The claims of the last rate_period, oldest first, as a rate share's.
+    starts timestamptz[] NOT NULL DEFAULT '{}',
+    counts integer[] NOT NULL DEFAULT '{}',
+    -- Until when the window is full: claims leave the key's rows out.
+    full_until timestamptz,
     PRIMARY KEY (queue, key)
-);
+)
+-- A limited key's row is rewritten by its claims: room for HOT.
+WITH (fillfactor = 70);
 
 -- A queue claimed empty starts its keys past the last of their rows.
 CREATE INDEX fairness_key_next ON lease.fairness_key (queue, next_rank);
+-- The limited keys a claim leaves out (key_rate.sql).
+CREATE INDEX fairness_key_full ON lease.fairness_key (queue, full_until) WHERE rate_limit IS NOT NULL;
 
 COMMENT ON TABLE lease.fairness_key IS
-    'Per (queue, fairness_key): its weight (lease.set_weight) and the rank its next row gets. Kept by lease.enqueue and lease.enqueue_batch.';
+    'Per (queue, fairness_key): its weight (lease.set_weight), the rank its next row gets, and its rate limit and the claims that count towards it (lease.set_key_rate). Kept by lease.enqueue, lease.enqueue_batch and lease.claim_pending.';
+
 
 CREATE UNIQUE INDEX job_unique_active ON lease.job (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('pending', 'leased');
@@ -1538,6 +1555,45 @@ COMMENT ON FUNCTION lease._fair_ranks(lease.queue, text[]) IS
 $$Internal (lease.enqueue, lease.enqueue_batch): the ranks of new rows of queue Q whose fairness keys are KEYS
 (NULL: the key ''), in order; moves each key's next rank on and makes the queue fair.$$;
 
+CREATE OR REPLACE FUNCTION lease._forget_idle_keys(max_rows integer, only_queue text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q record;
+    now_rank bigint;
+    idle text[];
+    n integer;
+    gone integer := 0;
+BEGIN
+    -- A key behind where its next row would start anyway (the head, or
+    -- the last key's place in a queue claimed empty), of weight 1 and no
+    -- rate limit, is what a key without a row is (lease._fair_ranks): its
+    -- row can go. Keys in an enqueue's hands are left for the next sweep.
+    FOR q IN SELECT qu.name, CASE WHEN qu.head_id < 9223372036854775807 THEN qu.head_rank END AS head_rank
+               FROM lease.queue qu
+              WHERE qu.fair AND (only_queue IS NULL OR qu.name = only_queue)
+              ORDER BY qu.name LOOP
+        EXIT WHEN gone >= max_rows;
+        now_rank := coalesce(q.head_rank, (SELECT max(m.next_rank) FROM lease.fairness_key m WHERE m.queue = q.name));
+        -- Two statements, each on the queue's shard alone (citus.sql).
+        idle := ARRAY(SELECT k.key FROM lease.fairness_key k
+                       WHERE k.queue = q.name AND k.next_rank < now_rank
+                         AND k.weight = 1 AND k.rate_limit IS NULL
+                       LIMIT max_rows - gone
+                         FOR UPDATE SKIP LOCKED);
+        DELETE FROM lease.fairness_key f WHERE f.queue = q.name AND f.key = ANY (idle);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        gone := gone + n;
+    END LOOP;
+    RETURN gone;
+END
+$$;
+
+COMMENT ON FUNCTION lease._forget_idle_keys(integer, text) IS
+$$Internal (lease.sweep): removes up to MAX_ROWS rows of lease.fairness_key (of ONLY_QUEUE, or of every queue) whose
+keys have fallen idle and carry no weight or rate limit, so keys seen once do not pile up; returns how many.$$;
+
 CREATE OR REPLACE FUNCTION lease.set_weight(queue text, fairness_key text, weight integer) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1629,9 +1685,9 @@ BEGIN
     -- row found may finish before it is read: then try again.
     FOR tries IN 1..3 LOOP
         INSERT INTO lease.job AS j (queue, key, payload, priority, rank, next_at, created_at, unique_key,
-                                    concurrency_key, held)
+                                    concurrency_key, held, fairness_key)
         VALUES (q, enqueue.key, p, coalesce(enqueue.priority, 0), rk, coalesce(r, t), t, enqueue.unique_key,
-                ck, ck IS NOT NULL)
+                ck, ck IS NOT NULL, enqueue.fairness_key)
         ON CONFLICT DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NOT NULL THEN
@@ -1744,10 +1800,11 @@ BEGIN
     -- order, including for rows without a key.
     ids := ARRAY(SELECT nextval('lease.job_id_seq') FROM generate_series(1, n));
     WITH inserted AS (
-        INSERT INTO lease.job (id, queue, key, payload, priority, rank, next_at, created_at, concurrency_key, held)
+        INSERT INTO lease.job (id, queue, key, payload, priority, rank, next_at, created_at, concurrency_key, held,
+                               fairness_key)
         SELECT ids[u.ord], q, u.k, u.p, coalesce(enqueue_batch.priority, 0), coalesce(ranks[u.ord], 0),
-               coalesce(r, t), t, u.c, u.c IS NOT NULL
-          FROM unnest(payloads, keys, concurrency_keys) WITH ORDINALITY AS u(p, k, c, ord)
+               coalesce(r, t), t, u.c, u.c IS NOT NULL, u.f
+          FROM unnest(payloads, keys, concurrency_keys, fairness_keys) WITH ORDINALITY AS u(p, k, c, f, ord)
          ORDER BY u.ord
             ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
         RETURNING concurrency_key
@@ -2421,36 +2478,176 @@ DECLARE
     lim integer;
     period interval;
     restricted boolean;
+    keyed boolean;
     free boolean;
     soonest timestamptz;
+    queue_wait interval;
+    key_wait interval;
 BEGIN
-    SELECT qu.rate_limit, qu.rate_period, qu.restricted INTO lim, period, restricted
+    SELECT qu.rate_limit, qu.rate_period, qu.restricted, qu.key_limited INTO lim, period, restricted, keyed
       FROM lease.queue qu
      WHERE qu.name = q;
     IF restricted THEN
         PERFORM lease._check_access(q, '{work}');
     END IF;
-    IF lim IS NULL THEN
-        RETURN NULL;
+    IF lim IS NOT NULL THEN
+        -- A share's permits come back oldest claim first.
+        SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
+               min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
+          INTO free, soonest
+          FROM lease.rate_share r
+         WHERE r.queue = q AND r.permits > 0;
+        queue_wait := CASE WHEN free THEN interval '0' ELSE greatest(soonest + period - t, interval '0') END;
     END IF;
-    -- A share's permits come back oldest claim first.
-    SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
-           min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
-      INTO free, soonest
-      FROM lease.rate_share r
-     WHERE r.queue = q AND r.permits > 0;
-    IF free THEN
-        RETURN interval '0';
+    IF keyed THEN
+        -- The first full key to have room again (key_rate.sql).
+        key_wait := (SELECT min(f.full_until) - t FROM lease.fairness_key f
+                      WHERE f.queue = q AND f.rate_limit IS NOT NULL AND f.full_until > t);
     END IF;
-    RETURN greatest(soonest + period - t, interval '0');
+    -- A row needs room in both.
+    RETURN CASE WHEN queue_wait IS NULL THEN key_wait
+                WHEN key_wait IS NULL THEN queue_wait
+                ELSE greatest(queue_wait, key_wait) END;
 END
 $$;
 
 COMMENT ON FUNCTION lease.rate_wait(text) IS
 $$How long until QUEUE's rate limit lets a claim take a row again (by the database clock): 0 if it would now,
-NULL if the queue has no rate limit. A worker whose claim came back empty sleeps this long rather than
+NULL if the queue has no rate limit; where fairness keys of QUEUE are full (lease.set_key_rate), until the
+first of them has room again, if later. A worker whose claim came back empty sleeps this long rather than
 polling. Errors: 22004 queue NULL; 42704 no such queue; 42501 the queue is restricted and the caller may not
 work it.$$;
+
+CREATE OR REPLACE FUNCTION lease._key_rate_take(queue text, ids bigint[], keys text[],
+                                     OUT kept bigint[], OUT at timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q constant text := queue;
+    named constant text[] := ARRAY(SELECT DISTINCT coalesce(k, '') FROM unnest(keys) AS u(k));
+    limited text[];
+    held text[];
+    lims integer[];
+    periods interval[];
+    rooms bigint[];
+    took bigint;
+    kept_starts timestamptz[];
+    kept_counts integer[];
+    last integer;
+    full_at timestamptz;
+BEGIN
+    SELECT array_agg(f.key) INTO limited
+      FROM lease.fairness_key f
+     WHERE f.queue = q AND f.key = ANY (named) AND f.rate_limit IS NOT NULL;
+    IF limited IS NULL THEN
+        kept := ids;
+        at := clock_timestamp();
+        RETURN;
+    END IF;
+    -- In key order, so that claims naming the same keys cannot deadlock.
+    SELECT array_agg(l.key ORDER BY l.key), array_agg(l.rate_limit ORDER BY l.key),
+           array_agg(l.rate_period ORDER BY l.key)
+      INTO held, lims, periods
+      FROM (SELECT f.key, f.rate_limit, f.rate_period
+              FROM lease.fairness_key f
+             WHERE f.queue = q AND f.key = ANY (limited) AND f.rate_limit IS NOT NULL
+             ORDER BY f.key
+               FOR NO KEY UPDATE SKIP LOCKED) AS l;
+    -- Read once the keys are this claim's (rate.sql, _rate_take).
+    at := clock_timestamp();
+    held := coalesce(held, '{}');
+    rooms := ARRAY(SELECT greatest(h.lim - lease._rate_used(f.starts, f.counts, at - h.per), 0)
+                     FROM unnest(held, lims, periods) WITH ORDINALITY AS h(key, lim, per, o)
+                     JOIN lease.fairness_key f ON f.queue = q AND f.key = h.key
+                    ORDER BY h.o);
+    -- A limited key's rows up to its room, in claim order; a limited key
+    -- another claim holds gets none.
+    SELECT coalesce(array_agg(u.id ORDER BY u.o), '{}') INTO kept
+      FROM (SELECT x.id, x.o, coalesce(x.k, '') AS k,
+                   row_number() OVER (PARTITION BY coalesce(x.k, '') ORDER BY x.o) AS nth
+              FROM unnest(ids, keys) WITH ORDINALITY AS x(id, k, o)) AS u
+     WHERE u.k <> ALL (limited)
+        OR u.nth <= (SELECT r.room FROM unnest(held, rooms) AS r(key, room) WHERE r.key = u.k);
+    FOR i IN 1 .. cardinality(held) LOOP
+        took := (SELECT count(*) FROM unnest(ids, keys) AS x(id, k)
+                  WHERE coalesce(x.k, '') = held[i] AND x.id = ANY (kept));
+        SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
+          INTO kept_starts, kept_counts
+          FROM lease.fairness_key f
+         CROSS JOIN LATERAL unnest(f.starts, f.counts) WITH ORDINALITY AS u(s, n, o)
+         WHERE f.queue = q AND f.key = held[i] AND u.s > at - periods[i];
+        IF took > 0 THEN
+            -- Merged within a hundredth of a period, as a share's record.
+            last := cardinality(kept_starts);
+            IF last > 0 AND kept_starts[last] > at - periods[i] / 100 THEN
+                kept_starts[last] := at;
+                kept_counts[last] := kept_counts[last] + took;
+            ELSE
+                kept_starts := kept_starts || at;
+                kept_counts := kept_counts || took::integer;
+            END IF;
+        END IF;
+        -- Full: claims leave the key out until its oldest claim ages out.
+        full_at := CASE WHEN rooms[i] - took <= 0 THEN kept_starts[1] + periods[i] END;
+        -- From variables, as the UPDATEs of rate.sql: on a distributed
+        -- install Citus takes no STABLE expression in it.
+        UPDATE lease.fairness_key f
+           SET starts = kept_starts,
+               counts = kept_counts,
+               full_until = full_at
+         WHERE f.queue = q AND f.key = held[i];
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION lease._key_rate_take(text, bigint[], text[]) IS
+$$Internal (lease.claim_pending): of the rows IDS picked from QUEUE, whose fairness keys are KEYS (in claim
+order), keeps (KEPT, in order) those that their keys' rate limits let through now, locking each limited key
+(skipping keys other transactions hold, whose rows it drops) and recording the rows kept in its window;
+AT is the database clock read after the locks, the time the rows are claimed at.$$;
+
+CREATE OR REPLACE FUNCTION lease.set_key_rate(queue text, fairness_key text, rate_limit integer,
+                                   rate_period interval DEFAULT '1 second') RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    q constant text := lease._checked_queue(queue);
+BEGIN
+    PERFORM lease._checked_fairness_key(lease._checked_not_null(fairness_key, 'fairness_key')),
+            lease._checked_not_null(rate_period, 'rate_period');
+    IF rate_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'rate_limit must be between 1 and 100000 (got %)', rate_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF rate_period <= interval '0' OR rate_period > interval '1 day' THEN
+        RAISE EXCEPTION 'rate_period must be in (0, 1 day] (got %)', rate_period
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The record stays: claims made under the old limit count on under
+    -- the new one.
+    INSERT INTO lease.fairness_key AS f (queue, key, rate_limit, rate_period)
+    VALUES (q, set_key_rate.fairness_key, set_key_rate.rate_limit, set_key_rate.rate_period)
+        ON CONFLICT ON CONSTRAINT fairness_key_pkey DO UPDATE
+       SET rate_limit = excluded.rate_limit,
+           rate_period = excluded.rate_period,
+           full_until = NULL;
+    IF set_key_rate.rate_limit IS NOT NULL THEN
+        UPDATE lease.queue qu SET key_limited = true WHERE qu.name = q AND NOT qu.key_limited;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease.set_key_rate(text, text, integer, interval) IS
+$$Limits the rows of FAIRNESS_KEY (see lease.enqueue) of QUEUE to at most RATE_LIMIT (1..100000) claimed in any
+span of RATE_PERIOD (default 1 second, at most 1 day), by the database clock: a sliding window, counted
+from the claims that start after this call commits. Rows held back stay pending and are claimable again as
+soon as the window has room (lease.rate_wait); a claim that meets a full key takes other keys' rows
+instead. RATE_LIMIT NULL lifts the key's limit. Applies with the queue's own rate limit, if any: a row
+needs room in both.
+Errors: 22004 queue, fairness_key or rate_period NULL; 22023 rate_limit or rate_period out of range, or
+fairness_key over 256 characters; 42704 no such queue.$$;
 
 CREATE OR REPLACE FUNCTION lease.claim_pending(
     "limit" integer,
@@ -2498,6 +2695,12 @@ DECLARE
     takes integer[];
     -- When the queue's head (head.sql) was last moved up.
     raised timestamptz;
+    -- Whether a fairness key of the queue has a rate limit, the keys whose
+    -- limit is full (key_rate.sql), and the rows picked with their keys.
+    keyed boolean;
+    full_keys text[] := '{}';
+    ids bigint[];
+    keys text[];
 BEGIN
     -- The raising checks are plpgsql functions; calling four of them on every
     -- claim cost ~0.1 ms, so they run only when one of the (inlined) rules
@@ -2506,8 +2709,8 @@ BEGIN
         PERFORM lease._checked_limit(n), lease._checked_ttl(d), lease._checked_owner(o),
                 lease._checked_not_null(q, 'queue');
     END IF;
-    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL, qu.rate_period
-      INTO restricted, raised, paused, limited, per
+    SELECT qu.restricted, qu.head_raised_at, qu.paused, qu.rate_limit IS NOT NULL, qu.rate_period, qu.key_limited
+      INTO restricted, raised, paused, limited, per, keyed
       FROM lease.queue qu WHERE qu.name = q;
     -- Inline, not a call of lease._check_access: this runs on every claim.
     IF restricted THEN
@@ -2523,11 +2726,16 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- The picked ids are materialised once and fed to the UPDATE as an array:
+    IF keyed THEN
+        full_keys := ARRAY(SELECT f.key FROM lease.fairness_key f
+                       WHERE f.queue = q AND f.rate_limit IS NOT NULL AND f.full_until > t);
+    END IF;
+    -- The picked ids are materialised once, in claim order, and fed to the
+    -- UPDATE as an array:
     --  * "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
     --    the executor and lease more than n rows (PostgreSQL bug #15715);
     --  * "= ANY(ARRAY(...))" is a primary-key index scan whatever the plan
-    --    cache assumes about n; a join against the CTE can turn into a hash
+    --    cache assumes about n; a join against a CTE can turn into a hash
     --    join over the whole table under a generic plan.
     -- The scan starts at the head: first the rest of the head's priority
     -- from the head on, then the lower priorities (the row comparison only
@@ -2535,44 +2743,50 @@ BEGIN
     -- first raise the head is the start, and the first arm finds nothing.
     -- The head is read in this statement: with the rows, in one snapshot,
     -- so a row committed just before is never before a head read earlier.
+    SELECT array_agg(p.id), array_agg(p.fairness_key) INTO ids, keys
+      FROM (SELECT a.id, a.fairness_key
+              FROM lease.queue h
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.fairness_key
+                      FROM lease.job j
+                     WHERE j.queue = q AND j.priority = h.head_priority
+                       AND (j.rank, j.next_at, j.id) >= (h.head_rank, h.head_next_at, h.head_id)
+                       AND j.state = 'pending' AND NOT j.held
+                       AND j.next_at <= t
+                       AND coalesce(j.fairness_key, '') <> ALL (full_keys)
+                     ORDER BY j.rank, j.next_at, j.id
+                     LIMIT n
+                       FOR UPDATE OF j SKIP LOCKED) AS a
+             WHERE h.name = q
+            UNION ALL
+            SELECT b.id, b.fairness_key
+              FROM lease.queue h
+             CROSS JOIN LATERAL (
+                    SELECT j.id, j.fairness_key
+                      FROM lease.job j
+                     WHERE j.queue = q AND j.priority < h.head_priority
+                       AND j.state = 'pending' AND NOT j.held
+                       AND j.next_at <= t
+                       AND coalesce(j.fairness_key, '') <> ALL (full_keys)
+                     ORDER BY j.priority DESC, j.rank, j.next_at, j.id
+                     LIMIT n
+                       FOR UPDATE OF j SKIP LOCKED) AS b
+             WHERE h.name = q
+             LIMIT n) AS p;
+    -- Of those, what the keys' rate limits let through; the claim's time
+    -- is read after their locks (key_rate.sql).
+    IF keyed AND ids IS NOT NULL THEN
+        SELECT k.kept, k.at INTO ids, t FROM lease._key_rate_take(q, ids, keys) AS k;
+    END IF;
     RETURN QUERY
-    WITH picked AS MATERIALIZED (
-        SELECT a.id
-          FROM lease.queue h
-         CROSS JOIN LATERAL (
-                SELECT j.id
-                  FROM lease.job j
-                 WHERE j.queue = q AND j.priority = h.head_priority
-                   AND (j.rank, j.next_at, j.id) >= (h.head_rank, h.head_next_at, h.head_id)
-                   AND j.state = 'pending' AND NOT j.held
-                   AND j.next_at <= t
-                 ORDER BY j.rank, j.next_at, j.id
-                 LIMIT n
-                   FOR UPDATE OF j SKIP LOCKED) AS a
-         WHERE h.name = q
-        UNION ALL
-        SELECT b.id
-          FROM lease.queue h
-         CROSS JOIN LATERAL (
-                SELECT j.id
-                  FROM lease.job j
-                 WHERE j.queue = q AND j.priority < h.head_priority
-                   AND j.state = 'pending' AND NOT j.held
-                   AND j.next_at <= t
-                 ORDER BY j.priority DESC, j.rank, j.next_at, j.id
-                 LIMIT n
-                   FOR UPDATE OF j SKIP LOCKED) AS b
-         WHERE h.name = q
-         LIMIT n
-    )
-    , claimed AS (
+    WITH claimed AS (
         UPDATE lease.job j
            SET state       = 'leased',
                owner       = o,
                epoch       = greatest(j.epoch + 1, f),
                attempt     = j.attempt + 1,
                lease_until = t + d
-         WHERE j.queue = q AND j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+         WHERE j.queue = q AND j.id = ANY (ids)
         RETURNING j.id, j.queue, j.key, j.payload, j.epoch, j.attempt, j.lease_until, j.next_at,
                   j.priority, j.rank
     )
@@ -2622,7 +2836,9 @@ in order of priority (highest first), rank (an attached table's order_by), next-
 never waited for; a paused queue (lease.pause) gives none, and a queue with a rate limit (lease.create_queue)
 no more than it allows (lease_until - TTL is the time the limit counts the rows claimed at; see
 lease.rate_wait): its permits are dealt out in sixteen shares, each held by one claim until its transaction
-ends, and a claim that finds every share held for 100 ms gets no rows. Every claim gives the row an epoch greater than any it had before, also across a
+ends, and a claim that finds every share held for 100 ms gets no rows; a fairness key with a rate limit
+(lease.set_key_rate) no more of its rows than its limit allows, the other keys' rows instead. Every claim
+gives the row an epoch greater than any it had before, also across a
 standby promotion (see lease.epoch_floor).
 Errors: 22004 an argument NULL; 22023 limit outside 1..10000, ttl not in (0, 1 day], owner empty or
 over 256 characters; 42704 no such queue; 42501 the queue is restricted and the caller may not work it.$$;
@@ -3871,7 +4087,9 @@ BEGIN
                                       -- Before the fold: it reads which queues had claims.
                                       -- Late in the pass: it holds queue rows until commit.
                                       ('heads', 'SELECT 0 FROM lease._raise_heads()'),
-                                      ('counters', 'SELECT 0 FROM lease._fold_counters()')) AS v(name, call)
+                                      ('counters', 'SELECT 0 FROM lease._fold_counters()'),
+                                      -- After the heads: it reads where they are.
+                                      ('fairness keys', 'SELECT 0 FROM lease._forget_idle_keys($1)')) AS v(name, call)
     LOOP
         BEGIN
             EXECUTE step.call INTO done USING n;
@@ -3937,7 +4155,8 @@ END
 $$;
 
 COMMENT ON FUNCTION lease.sweep(integer) IS
-$$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), moving the heads
+$$One bounded housekeeping pass: the leases of ended sessions expired (lease.bind_session), lease.reap(max_rows), due schedules, lease.purge(max_rows), the removal of up to max_rows fairness keys
+fallen idle (of weight 1 and no rate limit), moving the heads
 of queues whose rows were claimed past them (where claims start reading), and the folding of lease.metrics'
 counter rows; returns how many leases
 were recovered and rows purged, and adds them to lease.reaper_stats. An error inside is caught, logged and
@@ -3981,6 +4200,7 @@ BEGIN
             PERFORM lease._top_up_slots(q);
             PERFORM lease._raise_heads(q);
             PERFORM lease._fold_counters(q);
+            PERFORM lease._forget_idle_keys(max_rows, q);
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS problem = MESSAGE_TEXT;
             failures := failures || format('queue "%s": %s: %s', q, SQLSTATE, problem);
@@ -3991,8 +4211,8 @@ $$;
 
 COMMENT ON FUNCTION lease._sweep_queues(integer) IS
 $$Internal (lease.sweep on a distributed install): enqueues the due occurrences of schedules (on the
-coordinator, which holds them), then reaps, purges, tops up the concurrency slots, raises the head and
-folds the counters of each queue this node holds, MAX_ROWS rows per step and queue; returns the rows
+coordinator, which holds them), then reaps, purges, tops up the concurrency slots, raises the head, folds
+the counters and forgets idle fairness keys of each queue this node holds, MAX_ROWS rows per step and queue; returns the rows
 recovered and purged and what failed.$$;
 
 CREATE OR REPLACE FUNCTION lease._next_sweep_due() RETURNS timestamptz
@@ -5142,6 +5362,7 @@ GRANT EXECUTE ON FUNCTION
     lease.pause(text),
     lease.resume(text),
     lease.set_weight(text, text, integer),
+    lease.set_key_rate(text, text, integer, interval),
     lease.purge_dead(text),
     lease.requeue(bigint),
     lease.recount(),

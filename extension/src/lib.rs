@@ -54,14 +54,19 @@ pgrx::extension_sql_file!(
     requires = ["schema", "head", "wake"]
 );
 pgrx::extension_sql_file!(
-    "../../sql/rate.sql",
-    name = "rate",
-    requires = ["schema", "check", "access"]
-);
-pgrx::extension_sql_file!(
     "../../sql/fairness.sql",
     name = "fairness",
     requires = ["schema", "check"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/rate.sql",
+    name = "rate",
+    requires = ["schema", "check", "access", "fairness"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/key_rate.sql",
+    name = "key_rate",
+    requires = ["schema", "check", "rate", "fairness"]
 );
 pgrx::extension_sql_file!(
     "../../sql/metrics.sql",
@@ -137,6 +142,8 @@ pgrx::extension_sql_file!(
         "lease",
         "metrics",
         "rate",
+        "fairness",
+        "key_rate",
         epoch::epoch_floor,
         shared::reaper_touch,
         statement::own_transaction
@@ -210,6 +217,7 @@ pgrx::extension_sql_file!(
         "schedule",
         "session",
         "concurrency",
+        "fairness",
         "citus"
     ]
 );

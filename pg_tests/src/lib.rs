@@ -334,6 +334,18 @@ impl Cluster {
         &self.nodes
     }
 
+    /// One `lease.sweep()` on this server and on every worker node (on a
+    /// distributed install each node sweeps the queues it holds).
+    pub async fn sweep(&self) {
+        for node in std::iter::once(self).chain(self.nodes()) {
+            node.connect()
+                .await
+                .batch_execute("SELECT lease.sweep()")
+                .await
+                .expect("sweep");
+        }
+    }
+
     /// Contents of the server's `server.log`, for assertions on logged
     /// messages and for debugging; a placeholder text if it cannot be read.
     pub fn server_log(&self) -> String {

@@ -226,3 +226,52 @@ async fn bad_fairness_input_is_refused() {
     .await;
     assert_eq!(weight, 1);
 }
+
+/// The sweep removes the rows of keys that fell idle (their place behind
+/// where claims are), and keeps those with rows ahead, a weight or a rate
+/// limit; a key removed and enqueued again starts where claims are, as
+/// before.
+///
+/// Failed before: `lease.fairness_key` kept a row for every key ever
+/// named (all five stayed).
+#[tokio::test]
+async fn the_sweep_forgets_idle_keys() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('f');
+         SELECT lease.set_weight('f', 'heavy', 2);
+         SELECT lease.set_key_rate('f', 'slow', 1000);",
+    )
+    .await
+    .expect("a queue with a weighed and a limited key");
+    for (key, n) in [
+        ("idle", 1),
+        ("other", 1),
+        ("busy", 10),
+        ("heavy", 1),
+        ("slow", 1),
+    ] {
+        enqueue_named(&pg, Some(key), n).await;
+    }
+    let claimed = claim_keys(&pg, 6, 6).await;
+    assert_eq!(claimed.len(), 6, "{claimed:?}");
+    // It moves the head past the rows claimed, then forgets.
+    cluster.sweep().await;
+    let kept: Vec<String> = pg
+        .query(
+            "SELECT key FROM lease.fairness_key WHERE queue = 'f' ORDER BY key",
+            &[],
+        )
+        .await
+        .expect("keys")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(kept, ["busy", "heavy", "slow"]);
+
+    // Enqueued again, an idle key's row comes among the first.
+    enqueue_named(&pg, Some("idle"), 1).await;
+    let next = claim_keys(&pg, 2, 2).await;
+    assert!(next.contains(&"idle".to_owned()), "{next:?}");
+}

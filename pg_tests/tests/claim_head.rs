@@ -48,17 +48,10 @@ async fn next_claimed(pg: &Client, queue: &str) -> Option<i64> {
     claim_one(pg, queue).await.map(|(id, _)| id)
 }
 
-/// One `lease.sweep()` on every node (on a distributed install each node
-/// sweeps the queues it holds): it moves the heads of queues that had
-/// claims.
+/// One `lease.sweep()` on every node ([`Cluster::sweep`]): it moves the
+/// heads of queues that had claims.
 async fn sweep(cluster: &Cluster) {
-    for node in std::iter::once(cluster).chain(cluster.nodes()) {
-        node.connect()
-            .await
-            .batch_execute("SELECT lease.sweep()")
-            .await
-            .expect("sweep");
-    }
+    cluster.sweep().await;
 }
 
 /// Queue `queue` with no backoff and no history, and in it an early row,

@@ -10,7 +10,7 @@ use super::statements::Query;
 use super::Client;
 use crate::error::Result;
 use crate::lease::CancelResult;
-use crate::queue::{BatchOptions, EnqueueOptions, QueueOptions};
+use crate::queue::{BatchOptions, EnqueueOptions, QueueOptions, RateLimit};
 
 impl Client {
     /// `lease.pause`: claims take none of `queue`'s rows until
@@ -53,6 +53,31 @@ impl Client {
     pub async fn set_weight(&self, queue: &str, fairness_key: &str, weight: i32) -> Result<()> {
         self.call(|c| async move {
             c.query_one(Query::SetWeight, &[&queue, &fairness_key, &weight])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// `lease.set_key_rate`: limits the rows of `fairness_key` of `queue`
+    /// to `rate_limit` claimed in any span of its period (a sliding window
+    /// on the database clock), whatever the other keys do; `None` lifts the
+    /// key's limit. Rows held back stay pending, and a claim that meets a
+    /// full key takes other keys' rows instead (see
+    /// [`EnqueueOptions::fairness_key`](crate::EnqueueOptions::fairness_key)).
+    /// Needs `lease_admin`.
+    pub async fn set_key_rate(
+        &self,
+        queue: &str,
+        fairness_key: &str,
+        rate_limit: Option<RateLimit>,
+    ) -> Result<()> {
+        let limit = rate_limit.map(|r| r.limit);
+        // The SQL function's default period when there is no limit.
+        let period = rate_limit.map_or(Duration::from_secs(1), |r| r.period);
+        let period = micros(period, "rate_period")?;
+        self.call(|c| async move {
+            c.query_one(Query::SetKeyRate, &[&queue, &fairness_key, &limit, &period])
                 .await?;
             Ok(())
         })

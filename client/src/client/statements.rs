@@ -79,6 +79,7 @@ queries! {
     DeadLetterSummaries,
     RateWait,
     SetWeight,
+    SetKeyRate,
 }
 
 use std::sync::OnceLock;
@@ -411,6 +412,10 @@ impl Query {
             S::SetWeight => concat!(
                 "SELECT lease.set_weight(queue => $1::text, fairness_key => $2::text, ",
                 "weight => $3::int)"
+            ),
+            S::SetKeyRate => concat!(
+                "SELECT lease.set_key_rate(queue => $1::text, fairness_key => $2::text, ",
+                "rate_limit => $3::int, rate_period => $4::bigint * interval '1 microsecond')"
             ),
             S::PurgeDead => "SELECT lease.purge_dead(queue => $1::text)",
             S::JobSummaries => jobs_in_states!(job_summary_columns),

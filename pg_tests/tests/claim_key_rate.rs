@@ -1,0 +1,292 @@
+//! Rate limits per fairness key (sql/key_rate.sql): `lease.set_key_rate`
+//! lets at most N rows of one key be claimed in any span of P, by the
+//! database clock, whatever the number of claimers, while the queue's other
+//! keys go on; a full key's rows stay pending and come when its window has
+//! room, and `lease.rate_wait` says when.
+//!
+//! Each row's claim time is `lease_until - ttl`: the instant the limit
+//! counts it at.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pg_lease_client::RateLimit;
+use pg_tests::{scalar, sqlstate, Cluster, SUPERUSER, TEST_DB};
+use tokio_postgres::Client as Pg;
+
+/// The most of `starts` (microseconds, any order) in one span of `period`.
+fn busiest_window(starts: &mut [i64], period: i64) -> usize {
+    starts.sort_unstable();
+    let mut most = 0;
+    let mut first = 0;
+    for last in 0..starts.len() {
+        while starts[last] - starts[first] >= period {
+            first += 1;
+        }
+        most = most.max(last - first + 1);
+    }
+    most
+}
+
+/// The fairness keys of the rows `claim` (of ttl one minute) returned, in
+/// the order it returned them, with their claim times (microseconds). Each
+/// row names its key in its payload (`{"k": key}`): on a distributed
+/// install a claim joined with `lease.job` would run nested in a query of
+/// its shard, which Citus refuses.
+async fn claim_keys(pg: &Pg, claim: &str) -> Vec<(String, i64)> {
+    pg.query(
+        &format!(
+            "SELECT c.payload->>'k',
+                    (extract(epoch FROM c.lease_until - interval '1 minute') * 1e6)::bigint
+               FROM {claim} WITH ORDINALITY AS c
+              ORDER BY c.ordinality"
+        ),
+        &[],
+    )
+    .await
+    .expect("claim")
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// How many of `got` are of `key`.
+fn of(got: &[(String, i64)], key: &str) -> usize {
+    got.iter().filter(|(k, _)| k == key).count()
+}
+
+/// A key's rows up to its limit, the other key's rows beside and after
+/// them, the full key's rest once its window has room, and `rate_wait`
+/// saying when.
+///
+/// Failed before: there was no `lease.set_key_rate` (42883), and the
+/// claims took the limited key's rows like any other.
+#[tokio::test]
+async fn a_full_key_waits_while_the_others_go_on() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('k');
+         SELECT lease.set_key_rate('k', 'a', 3, '600 milliseconds');
+         SELECT lease.enqueue_batch('k', array_agg('{\"k\": \"a\"}'::jsonb), fairness_keys => array_agg('a'::text))
+           FROM generate_series(1, 20);
+         SELECT lease.enqueue_batch('k', array_agg('{\"k\": \"b\"}'::jsonb), fairness_keys => array_agg('b'::text))
+           FROM generate_series(1, 20);",
+    )
+    .await
+    .expect("a queue with a limited key");
+    let claim = "lease.claim_pending(10, '1 minute', 'w', 'k')";
+    let wait = "SELECT (extract(epoch FROM lease.rate_wait('k')) * 1e3)::float8";
+
+    let first = claim_keys(&pg, claim).await;
+    assert_eq!(of(&first, "a"), 3, "a's limit: {first:?}");
+    assert!(of(&first, "b") >= 5, "b beside it: {first:?}");
+    let second = claim_keys(&pg, claim).await;
+    assert_eq!(of(&second, "a"), 0, "a is full: {second:?}");
+    assert_eq!(second.len(), 10, "b's rows instead: {second:?}");
+    let ms = scalar::<f64>(&pg, wait).await;
+    assert!(ms > 0.0 && ms <= 600.0, "rate_wait {ms} ms");
+    pg.batch_execute("SELECT lease.create_queue('free')")
+        .await
+        .expect("a queue without limits");
+    let free: Option<String> = scalar(&pg, "SELECT lease.rate_wait('free')::text").await;
+    assert_eq!(free, None, "no limits, no wait");
+
+    tokio::time::sleep(Duration::from_secs_f64(ms / 1e3 + 0.02)).await;
+    let third = claim_keys(&pg, claim).await;
+    assert_eq!(of(&third, "a"), 3, "a's window has room: {third:?}");
+    let a_first = first.iter().find(|(k, _)| k == "a").map(|r| r.1);
+    let a_third = third.iter().find(|(k, _)| k == "a").map(|r| r.1);
+    assert!(
+        a_third.zip(a_first).is_some_and(|(t, f)| t - f >= 600_000),
+        "{first:?} {third:?}"
+    );
+
+    pg.batch_execute("SELECT lease.set_key_rate('k', 'a', NULL)")
+        .await
+        .expect("limit lifted");
+    let rest = claim_keys(&pg, "lease.claim_pending(100, '1 minute', 'w', 'k')").await;
+    assert_eq!(of(&rest, "a"), 14, "the rest at once: {rest:?}");
+}
+
+/// Sixteen claimers in a loop against two limited keys and one free one:
+/// no window of either limited key holds more than its limit, and the
+/// free key's rows keep coming.
+///
+/// Broken on purpose: with `lease._key_rate_take` reading the limited keys
+/// without locking them, 236 and 145 claims of `a` (limit 20) fell in one
+/// window in two runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claimers_never_pass_a_keys_limit() {
+    const PERIOD: i64 = 250_000;
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('k');
+         SELECT lease.set_key_rate('k', 'a', 20, '250 milliseconds');
+         SELECT lease.set_key_rate('k', 'b', 5, '250 milliseconds');
+         SELECT lease.enqueue_batch('k', array_agg(jsonb_build_object('k', u.k)), fairness_keys => array_agg(u.k))
+           FROM generate_series(1, 9000) g, LATERAL (SELECT ('{a,b,c}'::text[])[1 + g % 3] AS k) u;",
+    )
+    .await
+    .expect("a backlog of three keys");
+    let starts = Arc::new(std::sync::Mutex::new(BTreeMap::<String, Vec<i64>>::new()));
+    let mut claimers = Vec::new();
+    for i in 0..16 {
+        let pg = cluster.connect().await;
+        let starts = Arc::clone(&starts);
+        claimers.push(tokio::spawn(async move {
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            let mut n = 0;
+            while std::time::Instant::now() < until {
+                let limit = 1 + (i + n) % 5;
+                let claim = format!("lease.claim_pending({limit}, '1 minute', 'w{i}', 'k')");
+                let got = claim_keys(&pg, &claim).await;
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let mut starts = starts.lock().expect("starts");
+                for (k, t) in got {
+                    starts.entry(k).or_default().push(t);
+                }
+                n += 1;
+            }
+        }));
+    }
+    for c in claimers {
+        c.await.expect("claimer");
+    }
+    let mut starts = std::mem::take(&mut *starts.lock().expect("starts"));
+    for (key, limit) in [("a", 20), ("b", 5)] {
+        let times = starts.entry(key.to_owned()).or_default();
+        let busiest = busiest_window(times, PERIOD);
+        assert!(busiest <= limit, "{busiest} claims of {key} in one window");
+        // Twelve windows in 3 s; said, not asserted: the claimers share
+        // two cores with the server.
+        eprintln!("{key}: {} of {} allowed claims", times.len(), 12 * limit);
+        assert!(
+            times.len() >= 6 * limit,
+            "{key}: only {} claims",
+            times.len()
+        );
+    }
+    let free = starts.get("c").map_or(0, Vec::len);
+    assert!(free > 300, "the free key: {free} claims");
+}
+
+/// A claim left in an open transaction holds the limited key it counted:
+/// another claim meanwhile takes the other key's rows at once, never
+/// waiting for that transaction, and the key's rows once it ends.
+#[tokio::test]
+async fn an_open_transaction_holding_a_key_hangs_no_one() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute(
+        "SELECT lease.create_queue('k');
+         SELECT lease.set_key_rate('k', 'a', 100);
+         SELECT lease.enqueue_batch('k', array_agg(jsonb_build_object('k', u.k)), fairness_keys => array_agg(u.k))
+           FROM generate_series(1, 40) g, LATERAL (SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END AS k) u;",
+    )
+    .await
+    .expect("a queue with a limited key");
+    pg.batch_execute("BEGIN; SELECT lease.claim_pending(2, '1 minute', 'x', 'k');")
+        .await
+        .expect("a claim in an open transaction");
+    let other = cluster.connect().await;
+    other
+        .batch_execute("SET statement_timeout = '2s'")
+        .await
+        .expect("timeout");
+    let got = claim_keys(&other, "lease.claim_pending(10, '1 minute', 'y', 'k')").await;
+    assert_eq!(of(&got, "a"), 0, "a is the open transaction's: {got:?}");
+    assert!(of(&got, "b") >= 5, "b's rows at once: {got:?}");
+    pg.batch_execute("COMMIT").await.expect("commit");
+    let got = claim_keys(&other, "lease.claim_pending(10, '1 minute', 'y', 'k')").await;
+    assert!(of(&got, "a") >= 5, "a's rows once it ended: {got:?}");
+}
+
+/// Bad input is refused with its SQLSTATE and changes nothing; a worker
+/// may not limit a key. The client sets and lifts a limit.
+#[tokio::test]
+async fn bad_key_limits_are_refused() {
+    let cluster = Cluster::start();
+    let su = cluster.connect_to(TEST_DB, SUPERUSER).await;
+    su.batch_execute(
+        "SELECT lease.create_queue('k');
+         CREATE ROLE w LOGIN IN ROLE lease_worker;",
+    )
+    .await
+    .expect("setup");
+    let long = "x".repeat(257);
+    for (sql, code) in [
+        ("SELECT lease.set_key_rate('k', 'a', 0)".to_owned(), "22023"),
+        (
+            "SELECT lease.set_key_rate('k', 'a', 100001)".to_owned(),
+            "22023",
+        ),
+        (
+            "SELECT lease.set_key_rate('k', 'a', 5, '0 s')".to_owned(),
+            "22023",
+        ),
+        (
+            "SELECT lease.set_key_rate('k', 'a', 5, '2 days')".to_owned(),
+            "22023",
+        ),
+        (
+            "SELECT lease.set_key_rate('k', 'a', 5, NULL)".to_owned(),
+            "22004",
+        ),
+        (
+            "SELECT lease.set_key_rate('k', NULL, 5)".to_owned(),
+            "22004",
+        ),
+        (
+            "SELECT lease.set_key_rate('nope', 'a', 5)".to_owned(),
+            "42704",
+        ),
+        (
+            format!("SELECT lease.set_key_rate('k', '{long}', 5)"),
+            "22023",
+        ),
+    ] {
+        let err = su.batch_execute(&sql).await.expect_err(&sql);
+        assert_eq!(sqlstate(&err).as_deref(), Some(code), "{sql}: {err}");
+    }
+    let changed: i64 = scalar(
+        &su,
+        "SELECT (SELECT count(*) FROM lease.fairness_key) + (SELECT count(*) FROM lease.queue WHERE key_limited)",
+    )
+    .await;
+    assert_eq!(changed, 0, "a refused call changed nothing");
+
+    let w = cluster.connect_to(TEST_DB, "w").await;
+    let err = w
+        .batch_execute("SELECT lease.set_key_rate('k', 'a', 1)")
+        .await
+        .expect_err("a worker limits a key");
+    assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{err}");
+
+    let client = pg_tests::jobs::client(&cluster).await;
+    let limit = RateLimit {
+        limit: 7,
+        period: Duration::from_millis(1500),
+    };
+    client
+        .set_key_rate("k", "a", Some(limit))
+        .await
+        .expect("set");
+    let set: String = scalar(
+        &su,
+        "SELECT rate_limit || ' per ' || rate_period FROM lease.fairness_key WHERE queue = 'k' AND key = 'a'",
+    )
+    .await;
+    assert_eq!(set, "7 per 00:00:01.5");
+    client.set_key_rate("k", "a", None).await.expect("lift");
+    let lifted: Option<i32> = scalar(
+        &su,
+        "SELECT rate_limit FROM lease.fairness_key WHERE queue = 'k' AND key = 'a'",
+    )
+    .await;
+    assert_eq!(lifted, None);
+}
