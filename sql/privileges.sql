@@ -128,11 +128,12 @@ GRANT EXECUTE ON FUNCTION
     lease.read_metrics(),
     lease.read_queue_stats(),
     lease.read_in_flight(text),
+    lease.read_fairness_keys(text),
     lease.read_dead_letters(text, bigint)
 TO PUBLIC;
 
-GRANT SELECT ON lease.metrics, lease.queue_stats, lease.in_flight, lease.dead_letters, lease.holders, lease.reaper_stats,
-                lease.write_backs, lease.queue, lease.queue_grant, lease.attachment, lease.schedule
+GRANT SELECT ON lease.metrics, lease.queue_stats, lease.in_flight, lease.fairness_keys, lease.dead_letters, lease.holders,
+                lease.reaper_stats, lease.write_backs, lease.queue, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;
 
 -- pg_dump keeps the lease state (and pg_restore brings it back) like the

@@ -48,6 +48,46 @@ $$;
 COMMENT ON FUNCTION lease._rate_used(timestamptz[], integer[], timestamptz) IS
     'Internal: how many rows the claims of STARTS (when) and COUNTS (how many) took after SINCE.';
 
+CREATE FUNCTION lease._window(starts timestamptz[], counts integer[], since timestamptz, at timestamptz,
+                              period interval, took integer,
+                              OUT kept_starts timestamptz[], OUT kept_counts integer[])
+-- IMMUTABLE, of its arguments alone: a distributed install (citus.sql)
+-- takes no other function in an UPDATE.
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    last integer;
+BEGIN
+    -- Claims after this one read their times after it ends: an entry older
+    -- than SINCE (a period before AT) is old for all of them too.
+    SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
+      INTO kept_starts, kept_counts
+      FROM unnest(starts, counts) WITH ORDINALITY AS u(s, n, o)
+     WHERE u.s > since;
+    IF took = 0 THEN
+        RETURN;
+    END IF;
+    -- A claim within a hundredth of a period of the last one joins its
+    -- entry, at its own (later) time: those rows count a little longer,
+    -- never shorter, and a record keeps about a hundred entries at any
+    -- claim rate.
+    last := cardinality(kept_starts);
+    IF last > 0 AND kept_starts[last] > at - period / 100 THEN
+        kept_starts[last] := at;
+        kept_counts[last] := kept_counts[last] + took;
+    ELSE
+        kept_starts := kept_starts || at;
+        kept_counts := kept_counts || took;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._window(timestamptz[], integer[], timestamptz, timestamptz, interval, integer) IS
+$$Internal (rate limits): a sliding window's record of claims, STARTS (when) and COUNTS (how many rows), without the
+entries of SINCE or earlier, and with TOOK rows claimed at AT added (to the last entry, if within a hundredth of
+PERIOD of it).$$;
+
 CREATE FUNCTION lease._rate_take(queue text, period interval, wanted integer,
                                  OUT permitted integer, OUT at timestamptz,
                                  OUT shares integer[], OUT takes integer[])
@@ -120,39 +160,18 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    kept_starts timestamptz[];
-    kept_counts integer[];
+    since constant timestamptz := at - period;
     take integer;
-    last integer;
 BEGIN
     FOR i IN 1 .. cardinality(shares) LOOP
         EXIT WHEN claimed = 0;
         take := least(claimed, takes[i]);
         claimed := claimed - take;
-        -- Claims after this one read their times after it ends: an entry
-        -- a period older than AT is old for all of them too.
-        SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
-          INTO kept_starts, kept_counts
-          FROM lease.rate_share r
-         CROSS JOIN LATERAL unnest(r.starts, r.counts) WITH ORDINALITY AS u(s, n, o)
-         WHERE r.queue = _rate_record.queue AND r.share = shares[i] AND u.s > at - period;
-        -- A claim within a hundredth of a period of the share's last one
-        -- joins its entry, at its own (later) time: those rows count a
-        -- little longer, never shorter, and a share keeps about a hundred
-        -- entries at any claim rate.
-        last := cardinality(kept_starts);
-        IF last > 0 AND kept_starts[last] > at - period / 100 THEN
-            kept_starts[last] := at;
-            kept_counts[last] := kept_counts[last] + take;
-        ELSE
-            kept_starts := kept_starts || at;
-            kept_counts := kept_counts || take;
-        END IF;
-        -- From variables: on a distributed install (citus.sql) the UPDATE
-        -- runs on the queue's node, which takes no subquery in SET.
+        -- Two calls, not a multi-column SET from a subquery, which crashed
+        -- Citus 13.2.2 (signal 11) on a distributed install.
         UPDATE lease.rate_share r
-           SET starts = kept_starts,
-               counts = kept_counts
+           SET starts = (lease._window(r.starts, r.counts, since, at, period, take)).kept_starts,
+               counts = (lease._window(r.starts, r.counts, since, at, period, take)).kept_counts
          WHERE r.queue = _rate_record.queue AND r.share = shares[i];
     END LOOP;
 END

@@ -71,6 +71,54 @@ COMMENT ON FUNCTION lease.read_in_flight(text) IS
 $$lease.read_metrics for lease.in_flight: its rows (of QUEUE, when given) by id. Errors: 42501 the caller may
 not read lease.in_flight.$$;
 
+CREATE VIEW lease.fairness_keys AS
+SELECT coalesce(f.queue, r.queue) AS queue,
+       coalesce(f.key, r.fairness_key) AS fairness_key,
+       coalesce(f.weight, 1) AS weight,
+       coalesce(r.pending, 0) AS pending,
+       coalesce(r.ready, 0) AS ready,
+       coalesce(r.leased, 0) AS leased,
+       f.rate_limit,
+       CASE WHEN f.rate_limit IS NOT NULL THEN f.rate_period END AS rate_period,
+       -- The key's window, counted as its claims count it (key_rate.sql).
+       CASE WHEN f.rate_limit IS NOT NULL THEN
+            (SELECT coalesce(sum(u.n), 0) FROM unnest(f.starts, f.counts) AS u(s, n)
+              WHERE u.s > clock_timestamp() - f.rate_period) END AS claimed_in_period,
+       CASE WHEN f.full_until > clock_timestamp() THEN f.full_until END AS held_until
+  FROM lease.fairness_key f
+  FULL JOIN (SELECT j.queue, coalesce(j.fairness_key, '') AS fairness_key,
+                    count(*) FILTER (WHERE j.state = 'pending') AS pending,
+                    count(*) FILTER (WHERE j.state = 'pending' AND NOT j.held
+                                       AND j.next_at <= clock_timestamp()) AS ready,
+                    count(*) FILTER (WHERE j.state = 'leased') AS leased
+               FROM lease.job j
+              WHERE j.state IN ('pending', 'leased')
+                AND j.queue IN (SELECT q.name FROM lease.queue q WHERE q.fair)
+              GROUP BY j.queue, coalesce(j.fairness_key, '')) AS r
+    ON r.queue = f.queue AND r.fairness_key = f.key;
+
+COMMENT ON VIEW lease.fairness_keys IS
+    'Per fairness key of a queue that has them (lease.enqueue''s fairness_key; rows without one are of the key ''''): its weight, its rows pending, ready (claimable now) and leased, its rate limit (lease.set_key_rate), the rows claimed in its window now, and, while its window is full, until when claims hold its rows back (held_until).';
+
+CREATE FUNCTION lease.read_fairness_keys(queue text DEFAULT NULL) RETURNS SETOF lease.fairness_keys
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- As read_in_flight: planned for the call's queue.
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.fairness_keys');
+    RETURN QUERY
+    SELECT * FROM lease.fairness_keys v
+     WHERE read_fairness_keys.queue IS NULL OR v.queue = read_fairness_keys.queue
+     ORDER BY v.queue, v.fairness_key;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_fairness_keys(text) IS
+$$lease.read_metrics for lease.fairness_keys: its rows (of QUEUE, when given) by queue and key. Errors: 42501
+the caller may not read lease.fairness_keys.$$;
+
 CREATE VIEW lease.dead_letters AS
 SELECT j.id, j.queue, j.key, j.payload, j.attempt, j.last_error, j.finished_at
   FROM lease.job j

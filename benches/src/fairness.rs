@@ -1,8 +1,10 @@
 //! The `fairness` section: what fairness keys cost. The same pgbench
 //! drains as the `claim` section (16 clients, claim + release), of rows
-//! without a fairness key and of rows spread over 10,000 keys; and the
-//! enqueue that places them. Claims look at no key, so the drains should
-//! not tell the two apart; an enqueue pays one upsert per key it names.
+//! without a fairness key, of rows spread over 10,000 keys, and of those
+//! keys each with a rate limit that never binds; and the enqueue that
+//! places them. Claims look at no key, so the first two drains should not
+//! tell the two apart; an enqueue pays one upsert per key it names, and a
+//! claim of limited keys one lock and record per key among its rows.
 
 use std::time::Instant;
 
@@ -27,9 +29,9 @@ impl Bench {
                 "scenario",
                 "rows",
                 "enqueue, rows/s",
-                "keyed enqueue vs plain",
+                "enqueue vs no keys",
                 "drain, jobs/s",
-                "keyed drain vs plain",
+                "drain vs no keys",
             ],
         );
         for (batch, rows, key) in [
@@ -38,19 +40,31 @@ impl Bench {
         ] {
             let rows = Self::whole_cycles(batch, 16, rows);
             let mut base = None;
-            for keyed in [false, true] {
+            for (keyed, limited) in [(false, false), (true, false), (true, true)] {
                 let filled = self.fill_fair(rows, keyed).await?;
+                if limited {
+                    self.exec(&format!(
+                        "SELECT count(lease.set_key_rate('q', 'tenant-' || i, 100000))
+                           FROM generate_series(0, {}) i",
+                        KEYS - 1
+                    ))
+                    .await?;
+                }
                 let drain = self
                     .drain_filled(Side::Lease, batch, 16, (rows, 0), false)
                     .await?;
                 let (fill0, drain0) = *base.get_or_insert((filled, drain.jobs_per_s()));
-                if keyed {
+                if keyed && !limited {
                     out.metrics.insert(key, drain.jobs_per_s() / drain0);
                 }
                 t.row(vec![
                     format!(
                         "batch {batch}, {}",
-                        if keyed { "10,000 keys" } else { "no keys" }
+                        match (keyed, limited) {
+                            (false, _) => "no keys",
+                            (true, false) => "10,000 keys",
+                            (true, true) => "10,000 keys, each limited (never binding)",
+                        }
                     ),
                     rows.to_string(),
                     rate(filled),
@@ -70,7 +84,7 @@ impl Bench {
     async fn fill_fair(&self, rows: u64, keyed: bool) -> Res<f64> {
         self.exec(
             "TRUNCATE lease.job, lease.fairness_key;
-             UPDATE lease.queue SET fair = false WHERE name = 'q'; CHECKPOINT",
+             UPDATE lease.queue SET fair = false, key_limited = false WHERE name = 'q'; CHECKPOINT",
         )
         .await?;
         let keys = if keyed {

@@ -64,6 +64,12 @@ pub enum Command {
         #[arg(long)]
         queue: Option<String>,
     },
+    /// Fairness keys: weights, rows, rate limits, and which a full window holds back.
+    Keys {
+        /// Only this queue.
+        #[arg(long)]
+        queue: Option<String>,
+    },
     /// Named leases and their holders.
     Holders,
     /// Dead letters, oldest first.

@@ -74,9 +74,10 @@ pub use elector::{Elector, ElectorConfig, Leadership, Term};
 pub use error::{Error, Result, LEASE_LOST_SQLSTATE};
 pub use lease::{CancelResult, Claimed, FencingToken, JobState, Lease, Outcome, Renewal};
 pub use queue::{
-    BatchOptions, DeadLetter, DeadLetterSummary, EnqueueOptions, Every, ExtensionVersions, Holder,
-    InFlight, JobFilter, JobPreview, JobRecord, JobSummary, QueueMetrics, QueueOptions,
-    QueueSettings, QueueStats, RateLimit, Reaped, ReaperStats, ScheduleInfo, ScheduleOptions,
+    BatchOptions, DeadLetter, DeadLetterSummary, EnqueueOptions, Every, ExtensionVersions,
+    FairnessKey, Holder, InFlight, JobFilter, JobPreview, JobRecord, JobSummary, QueueMetrics,
+    QueueOptions, QueueSettings, QueueStats, RateLimit, Reaped, ReaperStats, ScheduleInfo,
+    ScheduleOptions,
 };
 pub use sweeper::{Sweeper, SweeperConfig};
 pub use transaction::FencedTransaction;

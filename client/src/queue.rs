@@ -268,6 +268,30 @@ pub struct InFlight {
     pub cancel_requested: bool,
 }
 
+/// One row of `lease.fairness_keys`: a fairness key of a queue, its rows
+/// and its rate limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FairnessKey {
+    /// Queue name.
+    pub queue: String,
+    /// The key (`""`: the rows enqueued without one).
+    pub fairness_key: String,
+    /// Its weight ([`Client::set_weight`](crate::Client::set_weight)).
+    pub weight: i32,
+    /// Rows pending, claimable now or later.
+    pub pending: i64,
+    /// Rows claimable now.
+    pub ready: i64,
+    /// Rows leased.
+    pub leased: i64,
+    /// Its rate limit ([`Client::set_key_rate`](crate::Client::set_key_rate)), if any.
+    pub rate_limit: Option<RateLimit>,
+    /// Rows claimed in its limit's window now (with a limit only).
+    pub claimed_in_period: Option<i64>,
+    /// While its window is full: until when claims hold its rows back.
+    pub held_until: Option<SystemTime>,
+}
+
 /// One row of `lease.holders`: the current holder of a named lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {

@@ -2354,6 +2354,46 @@ $$;
 COMMENT ON FUNCTION lease._rate_used(timestamptz[], integer[], timestamptz) IS
     'Internal: how many rows the claims of STARTS (when) and COUNTS (how many) took after SINCE.';
 
+CREATE OR REPLACE FUNCTION lease._window(starts timestamptz[], counts integer[], since timestamptz, at timestamptz,
+                              period interval, took integer,
+                              OUT kept_starts timestamptz[], OUT kept_counts integer[])
+-- IMMUTABLE, of its arguments alone: a distributed install (citus.sql)
+-- takes no other function in an UPDATE.
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    last integer;
+BEGIN
+    -- Claims after this one read their times after it ends: an entry older
+    -- than SINCE (a period before AT) is old for all of them too.
+    SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
+      INTO kept_starts, kept_counts
+      FROM unnest(starts, counts) WITH ORDINALITY AS u(s, n, o)
+     WHERE u.s > since;
+    IF took = 0 THEN
+        RETURN;
+    END IF;
+    -- A claim within a hundredth of a period of the last one joins its
+    -- entry, at its own (later) time: those rows count a little longer,
+    -- never shorter, and a record keeps about a hundred entries at any
+    -- claim rate.
+    last := cardinality(kept_starts);
+    IF last > 0 AND kept_starts[last] > at - period / 100 THEN
+        kept_starts[last] := at;
+        kept_counts[last] := kept_counts[last] + took;
+    ELSE
+        kept_starts := kept_starts || at;
+        kept_counts := kept_counts || took;
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION lease._window(timestamptz[], integer[], timestamptz, timestamptz, interval, integer) IS
+$$Internal (rate limits): a sliding window's record of claims, STARTS (when) and COUNTS (how many rows), without the
+entries of SINCE or earlier, and with TOOK rows claimed at AT added (to the last entry, if within a hundredth of
+PERIOD of it).$$;
+
 CREATE OR REPLACE FUNCTION lease._rate_take(queue text, period interval, wanted integer,
                                  OUT permitted integer, OUT at timestamptz,
                                  OUT shares integer[], OUT takes integer[])
@@ -2426,39 +2466,18 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    kept_starts timestamptz[];
-    kept_counts integer[];
+    since constant timestamptz := at - period;
     take integer;
-    last integer;
 BEGIN
     FOR i IN 1 .. cardinality(shares) LOOP
         EXIT WHEN claimed = 0;
         take := least(claimed, takes[i]);
         claimed := claimed - take;
-        -- Claims after this one read their times after it ends: an entry
-        -- a period older than AT is old for all of them too.
-        SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
-          INTO kept_starts, kept_counts
-          FROM lease.rate_share r
-         CROSS JOIN LATERAL unnest(r.starts, r.counts) WITH ORDINALITY AS u(s, n, o)
-         WHERE r.queue = _rate_record.queue AND r.share = shares[i] AND u.s > at - period;
-        -- A claim within a hundredth of a period of the share's last one
-        -- joins its entry, at its own (later) time: those rows count a
-        -- little longer, never shorter, and a share keeps about a hundred
-        -- entries at any claim rate.
-        last := cardinality(kept_starts);
-        IF last > 0 AND kept_starts[last] > at - period / 100 THEN
-            kept_starts[last] := at;
-            kept_counts[last] := kept_counts[last] + take;
-        ELSE
-            kept_starts := kept_starts || at;
-            kept_counts := kept_counts || take;
-        END IF;
-        -- From variables: on a distributed install (citus.sql) the UPDATE
-        -- runs on the queue's node, which takes no subquery in SET.
+        -- Two calls, not a multi-column SET from a subquery, which crashed
+        -- Citus 13.2.2 (signal 11) on a distributed install.
         UPDATE lease.rate_share r
-           SET starts = kept_starts,
-               counts = kept_counts
+           SET starts = (lease._window(r.starts, r.counts, since, at, period, take)).kept_starts,
+               counts = (lease._window(r.starts, r.counts, since, at, period, take)).kept_counts
          WHERE r.queue = _rate_record.queue AND r.share = shares[i];
     END LOOP;
 END
@@ -2527,15 +2546,17 @@ DECLARE
     q constant text := queue;
     named constant text[] := ARRAY(SELECT DISTINCT coalesce(k, '') FROM unnest(keys) AS u(k));
     limited text[];
+    -- Per limited key this claim holds, in one order: its limit and
+    -- period, where its window starts, the room left in it, its oldest
+    -- claim still in it (AT if none), and how many rows it keeps.
     held text[];
     lims integer[];
     periods interval[];
+    sinces timestamptz[] := '{}';
     rooms bigint[];
-    took bigint;
-    kept_starts timestamptz[];
-    kept_counts integer[];
-    last integer;
-    full_at timestamptz;
+    firsts timestamptz[];
+    tooks bigint[];
+    fulls timestamptz[] := '{}';
 BEGIN
     SELECT array_agg(f.key) INTO limited
       FROM lease.fairness_key f
@@ -2545,59 +2566,57 @@ BEGIN
         at := clock_timestamp();
         RETURN;
     END IF;
-    -- In key order, so that claims naming the same keys cannot deadlock.
-    SELECT array_agg(l.key ORDER BY l.key), array_agg(l.rate_limit ORDER BY l.key),
-           array_agg(l.rate_period ORDER BY l.key)
+    -- In no order: SKIP LOCKED never waits, so claims cannot deadlock here.
+    -- (ORDER BY key made the planner read every key of the queue in the
+    -- index's order, filtering, 3 ms a claim at 10,000 keys.)
+    SELECT coalesce(array_agg(l.key), '{}'), array_agg(l.rate_limit), array_agg(l.rate_period)
       INTO held, lims, periods
       FROM (SELECT f.key, f.rate_limit, f.rate_period
               FROM lease.fairness_key f
              WHERE f.queue = q AND f.key = ANY (limited) AND f.rate_limit IS NOT NULL
-             ORDER BY f.key
                FOR NO KEY UPDATE SKIP LOCKED) AS l;
     -- Read once the keys are this claim's (rate.sql, _rate_take).
     at := clock_timestamp();
-    held := coalesce(held, '{}');
-    rooms := ARRAY(SELECT greatest(h.lim - lease._rate_used(f.starts, f.counts, at - h.per), 0)
-                     FROM unnest(held, lims, periods) WITH ORDINALITY AS h(key, lim, per, o)
-                     JOIN lease.fairness_key f ON f.queue = q AND f.key = h.key
-                    ORDER BY h.o);
+    FOR i IN 1 .. cardinality(held) LOOP
+        sinces[i] := at - periods[i];
+    END LOOP;
+    SELECT array_agg(greatest(h.lim - w.used, 0) ORDER BY h.o), array_agg(coalesce(w.first, at) ORDER BY h.o)
+      INTO rooms, firsts
+      FROM unnest(held, lims, sinces) WITH ORDINALITY AS h(key, lim, since, o)
+      JOIN lease.fairness_key f ON f.queue = q AND f.key = h.key
+     CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0) AS used, min(u.s) AS first
+                           FROM unnest(f.starts, f.counts) AS u(s, n)
+                          WHERE u.s > h.since) AS w;
     -- A limited key's rows up to its room, in claim order; a limited key
     -- another claim holds gets none.
-    SELECT coalesce(array_agg(u.id ORDER BY u.o), '{}') INTO kept
-      FROM (SELECT x.id, x.o, coalesce(x.k, '') AS k,
-                   row_number() OVER (PARTITION BY coalesce(x.k, '') ORDER BY x.o) AS nth
-              FROM unnest(ids, keys) WITH ORDINALITY AS x(id, k, o)) AS u
-     WHERE u.k <> ALL (limited)
-        OR u.nth <= (SELECT r.room FROM unnest(held, rooms) AS r(key, room) WHERE r.key = u.k);
+    WITH u AS (
+        SELECT x.id, x.o, coalesce(x.k, '') AS k,
+               row_number() OVER (PARTITION BY coalesce(x.k, '') ORDER BY x.o) AS nth
+          FROM unnest(ids, keys) WITH ORDINALITY AS x(id, k, o)
+    ), k AS (
+        SELECT u.id, u.o, u.k
+          FROM u
+          LEFT JOIN unnest(held, rooms) AS r(key, room) ON r.key = u.k
+         WHERE u.k <> ALL (limited) OR u.nth <= r.room
+    )
+    SELECT coalesce((SELECT array_agg(k.id ORDER BY k.o) FROM k), '{}'),
+           ARRAY(SELECT (SELECT count(*) FROM k WHERE k.k = h.key)
+                   FROM unnest(held) WITH ORDINALITY AS h(key, o) ORDER BY h.o)
+      INTO kept, tooks;
+    -- Full: claims leave the key out until its oldest claim ages out.
     FOR i IN 1 .. cardinality(held) LOOP
-        took := (SELECT count(*) FROM unnest(ids, keys) AS x(id, k)
-                  WHERE coalesce(x.k, '') = held[i] AND x.id = ANY (kept));
-        SELECT coalesce(array_agg(u.s ORDER BY u.o), '{}'), coalesce(array_agg(u.n ORDER BY u.o), '{}')
-          INTO kept_starts, kept_counts
-          FROM lease.fairness_key f
-         CROSS JOIN LATERAL unnest(f.starts, f.counts) WITH ORDINALITY AS u(s, n, o)
-         WHERE f.queue = q AND f.key = held[i] AND u.s > at - periods[i];
-        IF took > 0 THEN
-            -- Merged within a hundredth of a period, as a share's record.
-            last := cardinality(kept_starts);
-            IF last > 0 AND kept_starts[last] > at - periods[i] / 100 THEN
-                kept_starts[last] := at;
-                kept_counts[last] := kept_counts[last] + took;
-            ELSE
-                kept_starts := kept_starts || at;
-                kept_counts := kept_counts || took::integer;
-            END IF;
-        END IF;
-        -- Full: claims leave the key out until its oldest claim ages out.
-        full_at := CASE WHEN rooms[i] - took <= 0 THEN kept_starts[1] + periods[i] END;
-        -- From variables, as the UPDATEs of rate.sql: on a distributed
-        -- install Citus takes no STABLE expression in it.
-        UPDATE lease.fairness_key f
-           SET starts = kept_starts,
-               counts = kept_counts,
-               full_until = full_at
-         WHERE f.queue = q AND f.key = held[i];
+        fulls[i] := CASE WHEN rooms[i] - tooks[i] <= 0 THEN firsts[i] + periods[i] END;
     END LOOP;
+    -- One statement for every key, of IMMUTABLE functions of the row and
+    -- the arrays above: Citus takes no STABLE expression in it, and crashed
+    -- (signal 11, 13.2.2) on an array element picked by a column in SET and
+    -- on a multi-column SET from a subquery (rate.sql, _rate_record).
+    UPDATE lease.fairness_key f
+       SET starts = (lease._window(f.starts, f.counts, h.since, at, h.period, h.took::integer)).kept_starts,
+           counts = (lease._window(f.starts, f.counts, h.since, at, h.period, h.took::integer)).kept_counts,
+           full_until = h.full_at
+      FROM unnest(held, sinces, periods, tooks, fulls) AS h(key, since, period, took, full_at)
+     WHERE f.queue = q AND f.key = h.key;
 END
 $$;
 
@@ -5019,6 +5038,54 @@ $$;
 COMMENT ON FUNCTION lease.read_queue_stats() IS
 $$lease.read_metrics for lease.queue_stats. Errors: 42501 the caller may not read lease.queue_stats.$$;
 
+CREATE VIEW lease.fairness_keys AS
+SELECT coalesce(f.queue, r.queue) AS queue,
+       coalesce(f.key, r.fairness_key) AS fairness_key,
+       coalesce(f.weight, 1) AS weight,
+       coalesce(r.pending, 0) AS pending,
+       coalesce(r.ready, 0) AS ready,
+       coalesce(r.leased, 0) AS leased,
+       f.rate_limit,
+       CASE WHEN f.rate_limit IS NOT NULL THEN f.rate_period END AS rate_period,
+       -- The key's window, counted as its claims count it (key_rate.sql).
+       CASE WHEN f.rate_limit IS NOT NULL THEN
+            (SELECT coalesce(sum(u.n), 0) FROM unnest(f.starts, f.counts) AS u(s, n)
+              WHERE u.s > clock_timestamp() - f.rate_period) END AS claimed_in_period,
+       CASE WHEN f.full_until > clock_timestamp() THEN f.full_until END AS held_until
+  FROM lease.fairness_key f
+  FULL JOIN (SELECT j.queue, coalesce(j.fairness_key, '') AS fairness_key,
+                    count(*) FILTER (WHERE j.state = 'pending') AS pending,
+                    count(*) FILTER (WHERE j.state = 'pending' AND NOT j.held
+                                       AND j.next_at <= clock_timestamp()) AS ready,
+                    count(*) FILTER (WHERE j.state = 'leased') AS leased
+               FROM lease.job j
+              WHERE j.state IN ('pending', 'leased')
+                AND j.queue IN (SELECT q.name FROM lease.queue q WHERE q.fair)
+              GROUP BY j.queue, coalesce(j.fairness_key, '')) AS r
+    ON r.queue = f.queue AND r.fairness_key = f.key;
+
+COMMENT ON VIEW lease.fairness_keys IS
+    'Per fairness key of a queue that has them (lease.enqueue''s fairness_key; rows without one are of the key ''''): its weight, its rows pending, ready (claimable now) and leased, its rate limit (lease.set_key_rate), the rows claimed in its window now, and, while its window is full, until when claims hold its rows back (held_until).';
+
+CREATE FUNCTION lease.read_fairness_keys(queue text DEFAULT NULL) RETURNS SETOF lease.fairness_keys
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- As read_in_flight: planned for the call's queue.
+SET plan_cache_mode = force_custom_plan
+AS $$
+BEGIN
+    PERFORM lease._check_reader('lease.fairness_keys');
+    RETURN QUERY
+    SELECT * FROM lease.fairness_keys v
+     WHERE read_fairness_keys.queue IS NULL OR v.queue = read_fairness_keys.queue
+     ORDER BY v.queue, v.fairness_key;
+END
+$$;
+
+COMMENT ON FUNCTION lease.read_fairness_keys(text) IS
+$$lease.read_metrics for lease.fairness_keys: its rows (of QUEUE, when given) by queue and key. Errors: 42501
+the caller may not read lease.fairness_keys.$$;
+
 CREATE FUNCTION lease.read_in_flight(queue text DEFAULT NULL) RETURNS SETOF lease.in_flight
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -5392,11 +5459,13 @@ GRANT EXECUTE ON FUNCTION
     lease.read_metrics(),
     lease.read_queue_stats(),
     lease.read_in_flight(text),
+    lease.read_fairness_keys(text),
     lease.read_dead_letters(text, bigint)
 TO PUBLIC;
 
 GRANT SELECT ON lease.metrics, lease.reaper_stats, lease.write_backs, lease.queue_grant, lease.attachment, lease.schedule
 TO lease_admin;
+GRANT SELECT ON lease.fairness_keys TO lease_admin;
 
 SELECT pg_catalog.pg_extension_config_dump('lease.queue', $$WHERE name <> 'default'$$);
 SELECT pg_catalog.pg_extension_config_dump('lease.queue_grant', '');

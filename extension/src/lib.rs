@@ -227,6 +227,7 @@ pgrx::extension_sql_file!(
     requires = [
         "schema",
         "access",
+        "fairness",
         "outcome",
         "sweep",
         shared::reaper_slot_shortages,

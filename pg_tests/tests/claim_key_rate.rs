@@ -115,7 +115,7 @@ async fn a_full_key_waits_while_the_others_go_on() {
 /// free key's rows keep coming.
 ///
 /// Broken on purpose: with `lease._key_rate_take` reading the limited keys
-/// without locking them, 236 and 145 claims of `a` (limit 20) fell in one
+/// without locking them, 50 and 42 claims of `a` (limit 20) fell in one
 /// window in two runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claimers_never_pass_a_keys_limit() {
@@ -171,8 +171,19 @@ async fn concurrent_claimers_never_pass_a_keys_limit() {
             times.len()
         );
     }
-    let free = starts.get("c").map_or(0, Vec::len);
-    assert!(free > 300, "the free key: {free} claims");
+    // The free key's rows keep coming (until they run out: on a single
+    // node its 3,000 went in under 3 s; on a distributed install, whose
+    // claims through the coordinator take several round trips, about 180).
+    let free = starts.entry("c".to_owned()).or_default();
+    free.sort_unstable();
+    let gap = free
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(i64::MAX);
+    eprintln!("c: {} claims, at most {gap} us apart", free.len());
+    // At most 67 ms on a single node, 260 ms on a distributed install.
+    assert!(gap < 4 * PERIOD, "the free key waited {gap} us");
 }
 
 /// A claim left in an open transaction holds the limited key it counted:
@@ -289,4 +300,44 @@ async fn bad_key_limits_are_refused() {
     )
     .await;
     assert_eq!(lifted, None);
+}
+
+/// `lease.fairness_keys` shows a full key held back, with its window, to a
+/// `lease_admin` (through `lease.read_fairness_keys`, as the client and the
+/// CLI read it), and to no worker.
+///
+/// Failed before: there was no such view (42P01).
+#[tokio::test]
+async fn operators_see_which_keys_are_held_back() {
+    let cluster = Cluster::start();
+    let su = cluster.connect_to(TEST_DB, SUPERUSER).await;
+    su.batch_execute(
+        "CREATE ROLE ops LOGIN IN ROLE lease_admin;
+         CREATE ROLE w LOGIN IN ROLE lease_worker;
+         SELECT lease.create_queue('k');
+         SELECT lease.set_key_rate('k', 'a', 2, '1 hour');
+         SELECT lease.enqueue('k', '{}', fairness_key => k) FROM unnest('{a,a,a,b}'::text[]) k;
+         SELECT count(*) FROM lease.claim_pending(10, '1 minute', 'x', 'k');",
+    )
+    .await
+    .expect("a full key");
+    let ops = cluster.connect_to(TEST_DB, "ops").await;
+    let rows = ops
+        .query(
+            "SELECT concat_ws(' ', fairness_key, pending, leased, rate_limit, claimed_in_period,
+                              held_until IS NOT NULL)
+               FROM lease.read_fairness_keys('k')",
+            &[],
+        )
+        .await
+        .expect("an operator reads the keys");
+    let seen: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    // Key, pending, leased, limit, claimed in its window, held back.
+    assert_eq!(seen, ["a 1 2 2 2 t", "b 0 1 f"]);
+    let w = cluster.connect_to(TEST_DB, "w").await;
+    let err = w
+        .query("SELECT * FROM lease.read_fairness_keys('k')", &[])
+        .await
+        .expect_err("a worker reads the keys");
+    assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{err}");
 }

@@ -49,6 +49,7 @@ pub async fn run(client: &Client, command: Command, out: Output) -> Result<Done,
         Command::Queues => queues::queues(client, out).await,
         Command::Stats => queues::stats(client, out).await,
         Command::InFlight { queue } => queues::in_flight(client, out, queue.as_deref()).await,
+        Command::Keys { queue } => queues::keys(client, out, queue.as_deref()).await,
         Command::Holders => queues::holders(client, out).await,
         Command::Jobs(JobsCommand::List {
             queue,

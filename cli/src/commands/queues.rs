@@ -1,9 +1,9 @@
 //! Queues and leases as the views show them: `queues`, `stats`,
-//! `in-flight`, `holders`, `schedules`, and `pause`/`resume`. The row converters are shared with `status`.
+//! `in-flight`, `keys`, `holders`, `schedules`, and `pause`/`resume`. The row converters are shared with `status`.
 
 use std::time::SystemTime;
 
-use pg_lease_client::{Client, Every, Holder, InFlight, QueueSettings, QueueStats};
+use pg_lease_client::{Client, Every, FairnessKey, Holder, InFlight, QueueSettings, QueueStats};
 use serde_json::{json, Value};
 
 use super::{check_queue, Done};
@@ -227,6 +227,64 @@ fn in_flight_json(l: &InFlight) -> Value {
         "remaining_secs": secs(l.remaining),
         "expired": l.expired,
         "cancel_requested": l.cancel_requested,
+    })
+}
+
+/// `pg-lease keys`: the fairness keys of one queue or all, with their rows
+/// and rate limits.
+pub async fn keys(client: &Client, out: Output, queue: Option<&str>) -> Result<Done, CliError> {
+    check_queue(client, queue).await?;
+    let keys = client.fairness_keys(queue).await?;
+    if out.is_json() {
+        out.json(&Value::Array(keys.iter().map(key_json).collect()))?;
+        return Ok(Done::All);
+    }
+    let now = SystemTime::now();
+    let mut t = Table::new(&[
+        "queue",
+        "key",
+        "weight",
+        "pending",
+        "ready",
+        "leased",
+        "rate limit",
+        "in window",
+        "held back until",
+    ]);
+    for k in keys {
+        t.row(vec![
+            k.queue,
+            k.fairness_key,
+            k.weight.to_string(),
+            k.pending.to_string(),
+            k.ready.to_string(),
+            k.leased.to_string(),
+            k.rate_limit
+                .map(|r| format!("{} per {}", r.limit, span(r.period)))
+                .unwrap_or_default(),
+            k.claimed_in_period
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+            time_text(k.held_until, now),
+        ]);
+    }
+    out.text(&t.render())?;
+    Ok(Done::All)
+}
+
+/// One row of `fairness_keys` as JSON.
+fn key_json(k: &FairnessKey) -> Value {
+    json!({
+        "queue": k.queue,
+        "fairness_key": k.fairness_key,
+        "weight": k.weight,
+        "pending": k.pending,
+        "ready": k.ready,
+        "leased": k.leased,
+        "rate_limit": k.rate_limit.map(|r| r.limit),
+        "rate_period_secs": k.rate_limit.map(|r| secs(r.period)),
+        "claimed_in_period": k.claimed_in_period,
+        "held_until": time_json(k.held_until),
     })
 }
 

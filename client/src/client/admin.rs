@@ -9,8 +9,8 @@ use super::Client;
 use crate::error::{Error, Result, LEASE_LOST_SQLSTATE};
 use crate::lease::JobState;
 use crate::queue::{
-    DeadLetter, ExtensionVersions, Holder, InFlight, JobFilter, JobRecord, QueueMetrics,
-    QueueSettings, QueueStats, RateLimit, Reaped, ReaperStats,
+    DeadLetter, ExtensionVersions, FairnessKey, Holder, InFlight, JobFilter, JobRecord,
+    QueueMetrics, QueueSettings, QueueStats, RateLimit, Reaped, ReaperStats,
 };
 
 impl Client {
@@ -165,6 +165,32 @@ impl Client {
                         remaining: from_micros(remaining),
                         expired: remaining <= 0,
                         cancel_requested: col(r, 8)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// `lease.fairness_keys` (read through `lease.read_fairness_keys`): the
+    /// fairness keys of `queue` (or of every queue) with their weights,
+    /// rows and rate limits, and which of them a full window holds back.
+    /// Needs `lease_admin` (or `SELECT` on the view).
+    pub async fn fairness_keys(&self, queue: Option<&str>) -> Result<Vec<FairnessKey>> {
+        self.call(|c| async move {
+            let rows = c.query(Query::FairnessKeys, &[&queue]).await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(FairnessKey {
+                        queue: col(r, 0)?,
+                        fairness_key: col(r, 1)?,
+                        weight: col(r, 2)?,
+                        pending: col(r, 3)?,
+                        ready: col(r, 4)?,
+                        leased: col(r, 5)?,
+                        rate_limit: rate_limit(r, 6)?,
+                        claimed_in_period: col(r, 8)?,
+                        held_until: col(r, 9)?,
                     })
                 })
                 .collect()

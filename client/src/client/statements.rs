@@ -52,6 +52,7 @@ queries! {
     QueueStats,
     Metrics,
     InFlight,
+    FairnessKeys,
     Holders,
     CancelKey,
     Requeue,
@@ -335,6 +336,12 @@ impl Query {
                 "cancelled_total, recovered_total, held, paused, rate_limit, ",
                 as_micros!("rate_period"),
                 ", rate_used FROM lease.read_metrics() ORDER BY queue"
+            ),
+            S::FairnessKeys => concat!(
+                "SELECT queue, fairness_key, weight, pending, ready, leased, rate_limit, ",
+                as_micros!("rate_period"),
+                ", claimed_in_period, held_until FROM lease.read_fairness_keys($1::text) ",
+                "ORDER BY queue, fairness_key"
             ),
             S::InFlight => concat!(
                 "SELECT id, queue, key, owner, epoch, attempt, lease_until, ",
