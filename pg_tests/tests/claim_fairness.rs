@@ -275,3 +275,36 @@ async fn the_sweep_forgets_idle_keys() {
     let next = claim_keys(&pg, 2, 2).await;
     assert!(next.contains(&"idle".to_owned()), "{next:?}");
 }
+
+/// Five keys of weight 1 with backlogs of 50 to 250 rows, enqueued one
+/// key after the other: no key with ready rows waits more than five
+/// claims (the number of active keys) of one row each, from the first
+/// claim on.
+#[tokio::test]
+async fn no_key_waits_more_claims_than_there_are_keys() {
+    let cluster = Cluster::start();
+    let pg = cluster.connect().await;
+    pg.batch_execute("SELECT lease.create_queue('f')")
+        .await
+        .expect("queue");
+    let keys = ["k0", "k1", "k2", "k3", "k4"];
+    for (i, key) in keys.iter().enumerate() {
+        enqueue_named(&pg, Some(key), 50 * (i as i64 + 1)).await;
+    }
+    // 250 claims: every key has rows throughout (k0 runs out at its 50th).
+    let claimed = claim_keys(&pg, 250, 1).await;
+    for key in keys {
+        let at: Vec<usize> = claimed
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| *k == key)
+            .map(|(i, _)| i)
+            .collect();
+        assert!(at[0] < keys.len(), "{key} first claimed at {}", at[0]);
+        let longest = at.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        assert!(
+            longest <= keys.len(),
+            "{key} waited {longest} claims: {claimed:?}"
+        );
+    }
+}
