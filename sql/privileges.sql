@@ -81,6 +81,7 @@ GRANT EXECUTE ON FUNCTION
     lease.resume(text),
     lease.set_weight(text, text, integer),
     lease.set_key_rate(text, text, integer, interval),
+    lease.wait_reason(bigint),
     lease.purge_dead(text),
     lease.grant(text, regrole, boolean, boolean),
     lease.revoke(text, regrole),

@@ -181,6 +181,28 @@ COMMENT ON FUNCTION lease._rate_record(text, interval, timestamptz, integer[], i
 $$Internal (lease.claim_pending): records CLAIMED rows, taken at AT, in the shares of QUEUE (whose limit
 counts PERIOD) that lease._rate_take locked for them in this transaction (TAKES of SHARES, in order).$$;
 
+CREATE FUNCTION lease._rate_wait_of(queue text, period interval, t timestamptz) RETURNS interval
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    free boolean;
+    soonest timestamptz;
+BEGIN
+    -- A share's permits come back oldest claim first.
+    SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
+           min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
+      INTO free, soonest
+      FROM lease.rate_share r
+     WHERE r.queue = _rate_wait_of.queue AND r.permits > 0;
+    RETURN CASE WHEN free THEN interval '0' ELSE greatest(soonest + period - t, interval '0') END;
+END
+$$;
+
+COMMENT ON FUNCTION lease._rate_wait_of(text, interval, timestamptz) IS
+$$Internal (lease.rate_wait, lease.wait_reason): how long after T until QUEUE's rate limit (counting PERIOD) lets
+a claim take a row: 0 if a share has room.$$;
+
 CREATE FUNCTION lease.rate_wait(queue text DEFAULT 'default') RETURNS interval
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -192,8 +214,6 @@ DECLARE
     period interval;
     restricted boolean;
     keyed boolean;
-    free boolean;
-    soonest timestamptz;
     queue_wait interval;
     key_wait interval;
 BEGIN
@@ -204,13 +224,7 @@ BEGIN
         PERFORM lease._check_access(q, '{work}');
     END IF;
     IF lim IS NOT NULL THEN
-        -- A share's permits come back oldest claim first.
-        SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
-               min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
-          INTO free, soonest
-          FROM lease.rate_share r
-         WHERE r.queue = q AND r.permits > 0;
-        queue_wait := CASE WHEN free THEN interval '0' ELSE greatest(soonest + period - t, interval '0') END;
+        queue_wait := lease._rate_wait_of(q, period, t);
     END IF;
     IF keyed THEN
         -- The first full key to have room again (key_rate.sql).

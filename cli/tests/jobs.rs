@@ -153,9 +153,11 @@ fn show(url: &str, rows: &Rows) {
             "rank",
             "state",
             "unique_key",
+            "waiting",
         ]
     );
     assert_eq!(row["state"], "leased");
+    assert_eq!(row["waiting"], Value::Null, "only a pending row waits");
     assert_eq!(row["unique_key"], "u-1");
     assert_eq!(row["payload"], serde_json::json!({"to": "c"}));
     assert_eq!(row["attempt"], 1);
@@ -184,6 +186,18 @@ fn show(url: &str, rows: &Rows) {
             pending_row["key"].as_str()
         ),
         (Some(5), Some("k-pending"))
+    );
+    // Due in an hour: it says so, in the table too.
+    assert!(
+        pending_row["waiting"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("not due: claimable from ")),
+        "{pending_row}"
+    );
+    let shown = pg_lease(url, &["jobs", "show", &pending.to_string()]);
+    assert_eq!(
+        line_cells(&shown, "waiting")[..3],
+        ["waiting", "not", "due:"]
     );
 }
 

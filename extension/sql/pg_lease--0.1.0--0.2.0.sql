@@ -2487,6 +2487,28 @@ COMMENT ON FUNCTION lease._rate_record(text, interval, timestamptz, integer[], i
 $$Internal (lease.claim_pending): records CLAIMED rows, taken at AT, in the shares of QUEUE (whose limit
 counts PERIOD) that lease._rate_take locked for them in this transaction (TAKES of SHARES, in order).$$;
 
+CREATE OR REPLACE FUNCTION lease._rate_wait_of(queue text, period interval, t timestamptz) RETURNS interval
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    free boolean;
+    soonest timestamptz;
+BEGIN
+    -- A share's permits come back oldest claim first.
+    SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
+           min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
+      INTO free, soonest
+      FROM lease.rate_share r
+     WHERE r.queue = _rate_wait_of.queue AND r.permits > 0;
+    RETURN CASE WHEN free THEN interval '0' ELSE greatest(soonest + period - t, interval '0') END;
+END
+$$;
+
+COMMENT ON FUNCTION lease._rate_wait_of(text, interval, timestamptz) IS
+$$Internal (lease.rate_wait, lease.wait_reason): how long after T until QUEUE's rate limit (counting PERIOD) lets
+a claim take a row: 0 if a share has room.$$;
+
 CREATE OR REPLACE FUNCTION lease.rate_wait(queue text DEFAULT 'default') RETURNS interval
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -2498,8 +2520,6 @@ DECLARE
     period interval;
     restricted boolean;
     keyed boolean;
-    free boolean;
-    soonest timestamptz;
     queue_wait interval;
     key_wait interval;
 BEGIN
@@ -2510,13 +2530,7 @@ BEGIN
         PERFORM lease._check_access(q, '{work}');
     END IF;
     IF lim IS NOT NULL THEN
-        -- A share's permits come back oldest claim first.
-        SELECT bool_or(lease._rate_used(r.starts, r.counts, t - period) < r.permits),
-               min((SELECT min(u.s) FROM unnest(r.starts) AS u(s) WHERE u.s > t - period))
-          INTO free, soonest
-          FROM lease.rate_share r
-         WHERE r.queue = q AND r.permits > 0;
-        queue_wait := CASE WHEN free THEN interval '0' ELSE greatest(soonest + period - t, interval '0') END;
+        queue_wait := lease._rate_wait_of(q, period, t);
     END IF;
     IF keyed THEN
         -- The first full key to have room again (key_rate.sql).
@@ -5086,6 +5100,60 @@ COMMENT ON FUNCTION lease.read_fairness_keys(text) IS
 $$lease.read_metrics for lease.fairness_keys: its rows (of QUEUE, when given) by queue and key. Errors: 42501
 the caller may not read lease.fairness_keys.$$;
 
+CREATE FUNCTION lease.wait_reason(id bigint) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t constant timestamptz := clock_timestamp();
+    j lease.job;
+    qu lease.queue;
+    k lease.key_slot;
+    queue_wait interval;
+    key_room timestamptz;
+BEGIN
+    PERFORM lease._checked_not_null(id, 'id');
+    SELECT * INTO j FROM lease.job r WHERE r.id = wait_reason.id;
+    IF NOT FOUND OR j.state <> 'pending' THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO qu FROM lease.queue r WHERE r.name = j.queue;
+    -- In the order the claim decides (sql.md, "Fairness": precedence).
+    IF j.held THEN
+        SELECT * INTO k FROM lease.key_slot s WHERE s.queue = j.queue AND s.key = j.concurrency_key;
+        RETURN format('held: concurrency key %s has %s of its %s slots in use',
+                      quote_literal(j.concurrency_key), k.active, qu.concurrency);
+    END IF;
+    IF qu.paused THEN
+        RETURN format('paused: queue %s is paused (lease.resume)', quote_literal(qu.name));
+    END IF;
+    IF j.next_at > t THEN
+        RETURN format('not due: claimable from %s', j.next_at);
+    END IF;
+    IF qu.rate_limit IS NOT NULL THEN
+        queue_wait := lease._rate_wait_of(qu.name, qu.rate_period, t);
+        IF queue_wait > interval '0' THEN
+            RETURN format('rate limit: queue %s has no room until %s', quote_literal(qu.name), t + queue_wait);
+        END IF;
+    END IF;
+    SELECT f.full_until INTO key_room
+      FROM lease.fairness_key f
+     WHERE f.queue = j.queue AND f.key = coalesce(j.fairness_key, '') AND f.rate_limit IS NOT NULL
+       AND f.full_until > t;
+    IF key_room IS NOT NULL THEN
+        RETURN format('rate limit: fairness key %s has no room until %s',
+                      quote_literal(coalesce(j.fairness_key, '')), key_room);
+    END IF;
+    RETURN 'ready: claimable now';
+END
+$$;
+
+COMMENT ON FUNCTION lease.wait_reason(bigint) IS
+$$Why pending row ID has not been claimed, as the claim would decide it now: held (its concurrency key's slots
+all in use), paused (its queue), not due (run_at or a retry's backoff), rate limit (of its queue or of its
+fairness key, with the time it has room again), or ready; NULL if the row is not pending or does not exist.
+For lease_admin. Errors: 22004 id NULL.$$;
+
 CREATE FUNCTION lease.read_in_flight(queue text DEFAULT NULL) RETURNS SETOF lease.in_flight
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -5430,6 +5498,7 @@ GRANT EXECUTE ON FUNCTION
     lease.resume(text),
     lease.set_weight(text, text, integer),
     lease.set_key_rate(text, text, integer, interval),
+    lease.wait_reason(bigint),
     lease.purge_dead(text),
     lease.requeue(bigint),
     lease.recount(),

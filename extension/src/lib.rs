@@ -226,8 +226,11 @@ pgrx::extension_sql_file!(
     name = "views",
     requires = [
         "schema",
+        "check",
         "access",
+        "concurrency",
         "fairness",
+        "rate",
         "outcome",
         "sweep",
         shared::reaper_slot_shortages,

@@ -1,5 +1,5 @@
-//! What the claim-path tests share: draining a queue as a worker would, and
-//! counting what one claim reads.
+//! What the claim-path tests share: draining a queue as a worker would,
+//! counting what one claim reads, and finding a rate limit's busiest window.
 
 use tokio_postgres::Client;
 
@@ -53,4 +53,19 @@ pub async fn claim_reads(pg: &Client, queue: &str, n: i32) -> Reads {
         index_entries: delta(1),
         heap_blocks: delta(2),
     }
+}
+
+/// The most of `starts` (claim times in microseconds, any order; sorted on
+/// return) that fall in one span of `period` microseconds.
+pub fn busiest_window(starts: &mut [i64], period: i64) -> usize {
+    starts.sort_unstable();
+    let mut most = 0;
+    let mut first = 0;
+    for last in 0..starts.len() {
+        while starts[last] - starts[first] >= period {
+            first += 1;
+        }
+        most = most.max(last - first + 1);
+    }
+    most
 }

@@ -12,22 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_lease_client::RateLimit;
+use pg_tests::claims::busiest_window;
 use pg_tests::{scalar, sqlstate, Cluster, SUPERUSER, TEST_DB};
 use tokio_postgres::Client as Pg;
-
-/// The most of `starts` (microseconds, any order) in one span of `period`.
-fn busiest_window(starts: &mut [i64], period: i64) -> usize {
-    starts.sort_unstable();
-    let mut most = 0;
-    let mut first = 0;
-    for last in 0..starts.len() {
-        while starts[last] - starts[first] >= period {
-            first += 1;
-        }
-        most = most.max(last - first + 1);
-    }
-    most
-}
 
 /// The fairness keys of the rows `claim` (of ttl one minute) returned, in
 /// the order it returned them, with their claim times (microseconds). Each
@@ -339,5 +326,82 @@ async fn operators_see_which_keys_are_held_back() {
         .query("SELECT * FROM lease.read_fairness_keys('k')", &[])
         .await
         .expect_err("a worker reads the keys");
+    assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{err}");
+}
+
+/// `lease.wait_reason` says why a pending row waits, as the claim decides:
+/// its fairness key's window is full, its queue's limit is, it is held
+/// for a concurrency slot, its queue is paused, it is not due; or it is
+/// ready. For a `lease_admin`, not a worker.
+///
+/// Failed before: there was no such function (42883).
+#[tokio::test]
+async fn a_waiting_row_says_why() {
+    let cluster = Cluster::start();
+    let su = cluster.connect_to(TEST_DB, SUPERUSER).await;
+    su.batch_execute(
+        "CREATE ROLE ops LOGIN IN ROLE lease_admin;
+         CREATE ROLE w LOGIN IN ROLE lease_worker;
+         SELECT lease.create_queue('k');
+         SELECT lease.set_key_rate('k', 'a', 1, '1 hour');
+         SELECT lease.create_queue('r', rate_limit => 1, rate_period => '1 hour', concurrency => 1);",
+    )
+    .await
+    .expect("queues with limits");
+    let id = |sql: &'static str| {
+        let su = &su;
+        async move { scalar::<i64>(su, sql).await }
+    };
+    let key_full = id("SELECT lease.enqueue('k', '{}', fairness_key => 'a')").await;
+    let key_next = id("SELECT lease.enqueue('k', '{}', fairness_key => 'a')").await;
+    let ready = id("SELECT lease.enqueue('k', '{}', fairness_key => 'b')").await;
+    let later = id("SELECT lease.enqueue('k', '{}', run_at => now() + interval '1 day')").await;
+    id("SELECT lease.enqueue('r', '{}')").await;
+    let queue_next = id("SELECT lease.enqueue('r', '{}')").await;
+    id("SELECT lease.enqueue('r', '{}', concurrency_key => 'c')").await;
+    let held = id("SELECT lease.enqueue('r', '{}', concurrency_key => 'c')").await;
+    su.batch_execute(
+        "SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'x', 'k');
+         SELECT count(*) FROM lease.claim_pending(1, '1 minute', 'x', 'r');",
+    )
+    .await
+    .expect("claims that fill the windows");
+    let ops = cluster.connect_to(TEST_DB, "ops").await;
+    let why = |id: i64| {
+        let ops = &ops;
+        async move {
+            let row = ops
+                .query_one("SELECT lease.wait_reason($1)", &[&id])
+                .await
+                .expect("wait_reason");
+            row.get::<_, Option<String>>(0).unwrap_or_default()
+        }
+    };
+    assert_eq!(why(key_full).await, "", "claimed: not waiting");
+    assert!(why(key_next)
+        .await
+        .starts_with("rate limit: fairness key 'a' has no room until "));
+    assert_eq!(why(ready).await, "ready: claimable now");
+    assert!(why(later).await.starts_with("not due: claimable from "));
+    assert!(why(queue_next)
+        .await
+        .starts_with("rate limit: queue 'r' has no room until "));
+    assert_eq!(
+        why(held).await,
+        "held: concurrency key 'c' has 1 of its 1 slots in use"
+    );
+    su.batch_execute("SELECT lease.pause('k')")
+        .await
+        .expect("pause");
+    assert_eq!(
+        why(ready).await,
+        "paused: queue 'k' is paused (lease.resume)"
+    );
+
+    let w = cluster.connect_to(TEST_DB, "w").await;
+    let err = w
+        .query("SELECT lease.wait_reason($1)", &[&ready])
+        .await
+        .expect_err("a worker asks");
     assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{err}");
 }

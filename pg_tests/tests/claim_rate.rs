@@ -11,26 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use pg_lease_client::{CancellationToken, Outcome, Worker, WorkerConfig};
+use pg_tests::claims::busiest_window;
 use pg_tests::{scalar, skipped_on_citus, sqlstate, Cluster, ClusterConfig};
 
 /// The tests that measure how much of a limit claims use share the
 /// machine's two cores with nothing else of this suite.
 static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The most claim times of `starts` (microseconds, any order) that fall in
-/// one span of `period` microseconds.
-fn busiest_window(starts: &mut [i64], period: i64) -> usize {
-    starts.sort_unstable();
-    let mut most = 0;
-    let mut first = 0;
-    for last in 0..starts.len() {
-        while starts[last] - starts[first] >= period {
-            first += 1;
-        }
-        most = most.max(last - first + 1);
-    }
-    most
-}
 
 /// Claim times (microseconds) of the rows `claim` returned; `claim` is a
 /// claim of ttl one minute.

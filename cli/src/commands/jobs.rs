@@ -69,8 +69,15 @@ pub async fn show(client: &Client, out: Output, id: i64) -> Result<Done, CliErro
             "no row {id} (never enqueued, or purged)"
         )));
     };
+    let waiting = if j.state == JobState::Pending {
+        client.wait_reason(id).await?
+    } else {
+        None
+    };
     if out.is_json() {
-        out.json(&job_json(&j))?;
+        let mut json = job_json(&j);
+        json["waiting"] = waiting.clone().into();
+        out.json(&json)?;
         return Ok(Done::All);
     }
     let now = SystemTime::now();
@@ -82,6 +89,7 @@ pub async fn show(client: &Client, out: Output, id: i64) -> Result<Done, CliErro
         ("key", opt(&j.key)),
         ("unique key", opt(&j.unique_key)),
         ("state", state_name(j.state).to_owned()),
+        ("waiting", opt(&waiting)),
         ("priority", j.priority.to_string()),
         ("rank", j.rank.to_string()),
         ("attempts", j.attempt.to_string()),

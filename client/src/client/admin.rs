@@ -198,6 +198,19 @@ impl Client {
         .await
     }
 
+    /// `lease.wait_reason`: why pending row `id` has not been claimed, as
+    /// the claim would decide now (held for a concurrency slot, its queue
+    /// paused, not due yet, a rate limit of its queue or fairness key with
+    /// the time it has room again, or ready); `None` if it is not pending.
+    /// Needs `lease_admin`.
+    pub async fn wait_reason(&self, id: i64) -> Result<Option<String>> {
+        self.call(|c| async move {
+            let row = c.query_one(Query::WaitReason, &[&id]).await?;
+            col(&row, 0)
+        })
+        .await
+    }
+
     /// `lease.holders`: current holders of named leases. Needs
     /// `lease_admin`.
     pub async fn holders(&self) -> Result<Vec<Holder>> {

@@ -81,6 +81,7 @@ queries! {
     RateWait,
     SetWeight,
     SetKeyRate,
+    WaitReason,
 }
 
 use std::sync::OnceLock;
@@ -420,6 +421,7 @@ impl Query {
                 "SELECT lease.set_weight(queue => $1::text, fairness_key => $2::text, ",
                 "weight => $3::int)"
             ),
+            S::WaitReason => "SELECT lease.wait_reason(id => $1::bigint)",
             S::SetKeyRate => concat!(
                 "SELECT lease.set_key_rate(queue => $1::text, fairness_key => $2::text, ",
                 "rate_limit => $3::int, rate_period => $4::bigint * interval '1 microsecond')"
