@@ -143,8 +143,9 @@ $$;
 
 COMMENT ON FUNCTION lease.set_key_rate(text, text, integer, interval) IS
 $$Limits the rows of FAIRNESS_KEY (see lease.enqueue) of QUEUE to at most RATE_LIMIT (1..100000) claimed in any
-span of RATE_PERIOD (default 1 second, at most 1 day), by the database clock: a sliding window, counted
-from the claims that start after this call commits. Rows held back stay pending and are claimable again as
+span of RATE_PERIOD (default 1 second, at most 1 day), by the database clock: a sliding window, from the
+claims that start after this call commits on (with those an earlier limit of the key recorded). Rows held
+back stay pending and are claimable again as
 soon as the window has room (lease.rate_wait); a claim that meets a full key takes other keys' rows
 instead. RATE_LIMIT NULL lifts the key's limit. Applies with the queue's own rate limit, if any: a row
 needs room in both.

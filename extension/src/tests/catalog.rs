@@ -71,7 +71,8 @@ mod tests {
         // The views' readers (views.sql) are PUBLIC's: each checks that its
         // caller may read the view it returns.
         let readers = "ARRAY['lease.read_metrics()', 'lease.read_queue_stats()',
-                             'lease.read_in_flight(text)', 'lease.read_dead_letters(text, bigint)']::regprocedure[]";
+                             'lease.read_in_flight(text)', 'lease.read_fairness_keys(text)',
+                             'lease.read_dead_letters(text, bigint)']::regprocedure[]";
         let public = text(&format!(
             "SELECT string_agg(p.oid::regprocedure::text, ', ')
                FROM pg_proc p
