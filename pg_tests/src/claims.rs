@@ -1,7 +1,12 @@
 //! What the claim-path tests share: draining a queue as a worker would,
 //! counting what one claim reads, and finding a rate limit's busiest window.
 
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use tokio_postgres::Client;
+
+use crate::Cluster;
 
 /// Claims up to `limit` rows of `default` as owner `w` and releases them as
 /// done, `times` times over, each cycle a transaction of its own.
@@ -68,4 +73,49 @@ pub fn busiest_window(starts: &mut [i64], period: i64) -> usize {
         most = most.max(last - first + 1);
     }
     most
+}
+
+/// Sixteen claimers of `queue`, each on a connection of its own claiming
+/// 1 to 5 rows at a time in a loop for `run` (a claim that comes back empty
+/// sleeps 2 ms, as any claimer would, rather than spin), with a ttl of one
+/// minute. Returns, for every row claimed, the key its payload names
+/// (`{"k": key}`, "" if none) and its claim time (`lease_until - ttl`, the
+/// instant a rate limit counts it at) in microseconds.
+pub async fn claim_in_loops(cluster: &Cluster, queue: &str, run: Duration) -> Vec<(String, i64)> {
+    let claimed = Arc::new(Mutex::new(Vec::new()));
+    let mut claimers = Vec::new();
+    for i in 0..16 {
+        let pg = cluster.connect().await;
+        let claimed = Arc::clone(&claimed);
+        let queue = queue.to_owned();
+        claimers.push(tokio::spawn(async move {
+            let until = Instant::now() + run;
+            let mut n = 0;
+            while Instant::now() < until {
+                let limit = 1 + (i + n) % 5;
+                let rows = pg
+                    .query(
+                        "SELECT coalesce(c.payload->>'k', ''),
+                                (extract(epoch FROM c.lease_until - interval '1 minute') * 1e6)::bigint
+                           FROM lease.claim_pending($1, '1 minute', 'w' || $2::int, $3) AS c",
+                        &[&limit, &i, &queue],
+                    )
+                    .await
+                    .expect("claim");
+                if rows.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                claimed
+                    .lock()
+                    .expect("claimed")
+                    .extend(rows.iter().map(|r| (r.get(0), r.get(1))));
+                n += 1;
+            }
+        }));
+    }
+    for c in claimers {
+        c.await.expect("claimer");
+    }
+    let all = std::mem::take(&mut *claimed.lock().expect("claimed"));
+    all
 }

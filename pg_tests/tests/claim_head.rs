@@ -48,12 +48,6 @@ async fn next_claimed(pg: &Client, queue: &str) -> Option<i64> {
     claim_one(pg, queue).await.map(|(id, _)| id)
 }
 
-/// One `lease.sweep()` on every node ([`Cluster::sweep`]): it moves the
-/// heads of queues that had claims.
-async fn sweep(cluster: &Cluster) {
-    cluster.sweep().await;
-}
-
 /// Queue `queue` with no backoff and no history, and in it an early row,
 /// claimed by `w`, and two rows due in an hour; a sweep then moves the head
 /// to the first of those. Returns the early row's `(id, epoch)`: anything
@@ -75,7 +69,7 @@ async fn early_row_behind_the_head(cluster: &Cluster, pg: &Client, queue: &str) 
     )
     .await
     .expect("the later rows");
-    sweep(cluster).await;
+    cluster.sweep().await;
     let head_is_later: bool = pg
         .query_one(
             "SELECT head_next_at > now() + interval '59 minutes' FROM lease.queue WHERE name = $1",
@@ -108,7 +102,7 @@ async fn a_claim_reads_nothing_that_was_drained_under_a_held_snapshot() {
     .await
     .expect("enqueue");
     claim_and_release(&pg, 500, 38).await;
-    sweep(&cluster).await;
+    cluster.sweep().await;
 
     let reads = claim_reads(&pg, "default", 10).await;
     assert!(
@@ -181,7 +175,7 @@ async fn new_and_requeued_rows_before_the_head_are_claimed_first() {
     )
     .await
     .expect("dead letter");
-    sweep(&cluster).await;
+    cluster.sweep().await;
     pg.execute("SELECT lease.requeue($1)", &[&id])
         .await
         .expect("requeue");
@@ -229,7 +223,7 @@ async fn reaped_and_admitted_rows_before_the_head_are_claimed_first() {
     )
     .await
     .expect("later rows");
-    sweep(&cluster).await;
+    cluster.sweep().await;
     pg.execute(
         "SELECT lease.release($1, 'w', $2, queue => 'keyed')",
         &[&first, &epoch],
@@ -256,7 +250,7 @@ async fn attached_rows_that_start_or_move_up_are_claimed_first() {
     .await
     .expect("attached table");
     claim_one(&pg, "task").await.expect("row 1");
-    sweep(&cluster).await;
+    cluster.sweep().await;
 
     pg.batch_execute("INSERT INTO task VALUES (4, 15, 'todo')")
         .await
@@ -311,7 +305,7 @@ async fn a_sweep_during_an_uncommitted_abandon_leaves_the_head_before_it() {
         .await
         .expect("abandon, not yet committed");
     // The sweep's snapshot still sees the first row leased.
-    sweep(&cluster).await;
+    cluster.sweep().await;
     writer.batch_execute("COMMIT").await.expect("commit");
 
     assert_eq!(
@@ -346,7 +340,7 @@ async fn a_repeatable_read_writer_behind_a_raise_is_told_to_retry() {
         .expect("a snapshot");
     // The second row claimed, the head moves up to the third.
     claim_one(&pg, "rr").await.expect("the second row");
-    sweep(&cluster).await;
+    cluster.sweep().await;
     let abandon = "SELECT lease.release($1, 'w', $2, 'abandon', queue => 'rr')";
     let err = writer
         .execute(abandon, &[&id, &epoch])

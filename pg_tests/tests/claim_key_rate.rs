@@ -8,11 +8,10 @@
 //! counts it at.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use pg_lease_client::RateLimit;
-use pg_tests::claims::busiest_window;
+use pg_tests::claims::{busiest_window, claim_in_loops};
 use pg_tests::{scalar, sqlstate, Cluster, SUPERUSER, TEST_DB};
 use tokio_postgres::Client as Pg;
 
@@ -118,33 +117,10 @@ async fn concurrent_claimers_never_pass_a_keys_limit() {
     )
     .await
     .expect("a backlog of three keys");
-    let starts = Arc::new(std::sync::Mutex::new(BTreeMap::<String, Vec<i64>>::new()));
-    let mut claimers = Vec::new();
-    for i in 0..16 {
-        let pg = cluster.connect().await;
-        let starts = Arc::clone(&starts);
-        claimers.push(tokio::spawn(async move {
-            let until = std::time::Instant::now() + Duration::from_secs(3);
-            let mut n = 0;
-            while std::time::Instant::now() < until {
-                let limit = 1 + (i + n) % 5;
-                let claim = format!("lease.claim_pending({limit}, '1 minute', 'w{i}', 'k')");
-                let got = claim_keys(&pg, &claim).await;
-                if got.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                let mut starts = starts.lock().expect("starts");
-                for (k, t) in got {
-                    starts.entry(k).or_default().push(t);
-                }
-                n += 1;
-            }
-        }));
+    let mut starts = BTreeMap::<String, Vec<i64>>::new();
+    for (k, t) in claim_in_loops(&cluster, "k", Duration::from_secs(3)).await {
+        starts.entry(k).or_default().push(t);
     }
-    for c in claimers {
-        c.await.expect("claimer");
-    }
-    let mut starts = std::mem::take(&mut *starts.lock().expect("starts"));
     for (key, limit) in [("a", 20), ("b", 5)] {
         let times = starts.entry(key.to_owned()).or_default();
         let busiest = busiest_window(times, PERIOD);

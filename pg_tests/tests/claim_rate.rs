@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use pg_lease_client::{CancellationToken, Outcome, Worker, WorkerConfig};
-use pg_tests::claims::busiest_window;
+use pg_tests::claims::{busiest_window, claim_in_loops};
 use pg_tests::{scalar, skipped_on_citus, sqlstate, Cluster, ClusterConfig};
 
 /// The tests that measure how much of a limit claims use share the
@@ -196,31 +196,11 @@ async fn concurrent_claimers_never_pass_the_limit() {
     )
     .await
     .expect("a backlog");
-    let starts = Arc::new(Mutex::new(Vec::new()));
-    let mut claimers = Vec::new();
-    for i in 0..16 {
-        let pg = cluster.connect().await;
-        let starts = Arc::clone(&starts);
-        claimers.push(tokio::spawn(async move {
-            let until = std::time::Instant::now() + Duration::from_secs(3);
-            let mut n = 0;
-            while std::time::Instant::now() < until {
-                let limit = 1 + (i + n) % 5;
-                let claim = format!("lease.claim_pending({limit}, '1 minute', 'w{i}', 'r')");
-                let got = claim_times(&pg, &claim).await;
-                if got.is_empty() {
-                    // As any claimer would, rather than spin.
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                starts.lock().expect("starts").extend(got);
-                n += 1;
-            }
-        }));
-    }
-    for c in claimers {
-        c.await.expect("claimer");
-    }
-    let mut starts = std::mem::take(&mut *starts.lock().expect("starts"));
+    let mut starts: Vec<i64> = claim_in_loops(&cluster, "r", Duration::from_secs(3))
+        .await
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
     let busiest = busiest_window(&mut starts, PERIOD);
     assert!(busiest <= LIMIT, "{busiest} claims in one window");
     let first = starts[0];
